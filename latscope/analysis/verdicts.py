@@ -1,0 +1,71 @@
+"""Verdicts over a run's summary: is the measurement valid, and were the SLOs met?
+
+Validity is about the generator, not the target: latency always runs from the intended send time,
+so a client that falls behind cannot flatter the server, but it does change the load that was
+actually offered. A run is
+- `valid`    when requests went out on time (send-lag p99 and event-loop-lag p99 under the
+             "degraded" thresholds) and none waited for, or was dropped at, the in-flight cap;
+- `degraded` when one of those is exceeded (the numbers are still honest, the offered load was
+             not quite the planned one);
+- `invalid`  when send lag or loop lag passes the "invalid" thresholds: the generator, not the
+             target, shaped the traffic.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+RANK = {"valid": 0, "degraded": 1, "invalid": 2}
+
+
+def _p99(metrics: dict, metric: str) -> float | None:
+    return metrics.get(metric, {}).get("all", {}).get("p99_ms")
+
+
+def validity(metrics: dict, requests: dict, thresholds: Any, max_in_flight: int) -> tuple[str, list[str]]:
+    """(stamp, reasons) from the summary's metrics and request counts and the scenario's
+    `validity` thresholds. Reasons explain every stamp other than `valid`."""
+    verdict, reasons = "valid", []
+
+    def flag(stamp: str, reason: str) -> None:
+        nonlocal verdict
+        reasons.append(reason)
+        if RANK[stamp] > RANK[verdict]:
+            verdict = stamp
+
+    for metric, what, degraded, invalid in (
+        ("send_lag", "send lag", thresholds.degraded_send_lag_p99_ms, thresholds.invalid_send_lag_p99_ms),
+        ("loop_lag", "event-loop lag", thresholds.degraded_loop_lag_p99_ms, thresholds.invalid_loop_lag_p99_ms),
+    ):
+        p99 = _p99(metrics, metric)
+        if p99 is None:
+            continue
+        if p99 > invalid:
+            flag("invalid", f"{what} p99 {p99:.3f} ms > {invalid:g} ms: the generator could not keep to the schedule")
+        elif p99 > degraded:
+            flag("degraded", f"{what} p99 {p99:.3f} ms > {degraded:g} ms")
+    if requests.get("late"):
+        flag("degraded", f"{requests['late']} requests waited for a free slot (limits.max_in_flight={max_in_flight})")
+    if requests.get("dropped"):
+        flag("degraded", f"{requests['dropped']} requests dropped at the in-flight cap (limits.max_in_flight={max_in_flight})")
+    return verdict, reasons
+
+
+def slo_verdicts(metrics: dict, slos: list[Any]) -> list[dict]:
+    """One verdict per SLO: the statistic's value against its limit. No data is a failure."""
+    verdicts = []
+    for slo in slos:
+        stat_key = f"{slo.stat}_ms"
+        value = metrics.get(slo.metric, {}).get(slo.class_, {}).get(stat_key)
+        verdict = {
+            "metric": slo.metric,
+            "class": slo.class_,
+            "stat": stat_key,
+            "limit": slo.limit_ms,
+            "value": value,
+            "passed": value is not None and value <= slo.limit_ms,
+        }
+        if value is None:
+            verdict["reason"] = "no data for this metric and class"
+        verdicts.append(verdict)
+    return verdicts

@@ -1,0 +1,91 @@
+"""The `latscope` command. Turns flags into calls; errors are caught here, once, and mapped to
+exit codes: 0 ok, 1 the run failed or was cut short, 2 bad input (scenario, flags)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from latscope import __version__
+from latscope.errors import LatscopeError, RunError, ScenarioError
+
+EXIT_OK, EXIT_RUN_ERROR, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _fail(message: str, code: int) -> None:
+    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
+    sys.exit(code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="latscope")
+def main() -> None:
+    """Open-loop load testing and latency observability for inference endpoints."""
+
+
+_set_option = click.option(
+    "--set", "overrides", multiple=True, metavar="KEY=VALUE",
+    help="Override a scenario field, e.g. --set phases.0.arrival.rate=50 (repeatable).",
+)
+
+
+@main.command()
+@click.argument("scenario_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Results directory (default: output.dir/<scenario>-<UTC time>).")
+@_set_option
+@click.option("--workers", type=click.IntRange(min=1), help="Worker processes (default: one per CPU core).")
+@click.option("--quiet", is_flag=True, help="No live progress.")
+def run(scenario_file: Path, out: Path | None, overrides: tuple[str, ...], workers: int | None, quiet: bool) -> None:
+    """Run SCENARIO_FILE and write a results directory."""
+    from latscope.console import ProgressDisplay, print_summary
+    from latscope.run import run_scenario
+    from latscope.scenario import load_scenario
+
+    console = Console() if sys.stdout.isatty() else Console(width=120)  # logs: no 80-column wrapping
+    try:
+        scenario = load_scenario(scenario_file, overrides)
+        with ProgressDisplay(console, enabled=not quiet) as display:
+            result = run_scenario(scenario, out=out, workers=workers, on_progress=display)
+    except ScenarioError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    except (RunError, LatscopeError) as exc:
+        _fail(str(exc), EXIT_RUN_ERROR)
+    print_summary(console, result.summary, result.run_dir)
+    sys.exit(EXIT_RUN_ERROR if result.summary["partial"] else EXIT_OK)
+
+
+@main.command()
+@click.argument("scenario_file", type=click.Path(dir_okay=False, path_type=Path))
+@_set_option
+def validate(scenario_file: Path, overrides: tuple[str, ...]) -> None:
+    """Check SCENARIO_FILE and show what it would send."""
+    from latscope.plan import build_plan
+    from latscope.scenario import load_scenario
+
+    try:
+        scenario = load_scenario(scenario_file, overrides)
+        plan = build_plan(scenario)
+    except ScenarioError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    click.echo(f"{scenario_file}: ok — scenario {scenario.name!r}, target {scenario.target.method} {scenario.target.url}")
+    for p in plan.phases:
+        n = int(((plan.offsets_s >= p.start_s) & (plan.offsets_s < p.start_s + p.duration_s)).sum())
+        click.echo(f"  phase {p.name:<16} {p.duration_s:8.1f} s  {n:>9,} requests  {n / p.duration_s if p.duration_s else 0:9.1f}/s"
+                   + ("  (warm-up)" if p.warmup else ""))
+    click.echo(f"  total            {plan.duration_s:8.1f} s  {len(plan):>9,} requests")
+
+
+@main.command()
+def schema() -> None:
+    """Print the scenario JSON Schema (for editor completion)."""
+    from latscope.scenario import scenario_json_schema
+
+    click.echo(json.dumps(scenario_json_schema(), indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""Merges the workers' interval reports into the run's histograms, counters and time series.
+
+Workers send one report per interval (even an empty one), so interval k is complete once every
+worker has reported it. A complete interval is merged losslessly across workers, written to the
+interval log, turned into time-series rows, and — for requests outside warm-up phases — added to
+the run's totals. Memory stays flat: only incomplete intervals are held.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+import numpy as np
+from hdrh.histogram import HdrHistogram
+
+from latscope.engine import COUNTERS
+from latscope.hlog import HlogWriter
+from latscope.plan import Plan
+from latscope.recorder import decode, new_histogram, summarize
+
+ALL = "all"
+
+
+def with_all(by_class: dict[str, HdrHistogram]) -> dict[str, HdrHistogram]:
+    """Per-class histograms plus their lossless merge under "all" (a metric recorded only under
+    "all", like loop_lag, is kept as is)."""
+    if set(by_class) == {ALL}:
+        return dict(by_class)
+    merged = new_histogram()
+    for h in by_class.values():
+        merged.add(h)
+    return {**by_class, ALL: merged}
+
+
+class Collector:
+    def __init__(self, workers: int, plan: Plan, interval_s: float, hlog: HlogWriter | None):
+        self.workers = workers
+        self.plan = plan
+        self.interval_s = interval_s
+        self.hlog = hlog
+        self.totals: dict[str, dict[str, HdrHistogram]] = defaultdict(dict)  # metric -> class -> histogram
+        self.counters: dict[tuple[str, bool], np.ndarray] = defaultdict(lambda: np.zeros(len(COUNTERS), np.int64))
+        self.clamped: dict[str, int] = defaultdict(int)
+        self.rows: list[dict] = []
+        self.completed_intervals = 0
+        self.last_in_flight = 0
+        self.last_interval: dict[str, int] = {}  # counters of the latest complete interval, all classes
+        self._pending: dict[int, list[dict]] = defaultdict(list)
+        # Scheduled requests per (interval, class, warmup), for the offered rate over time.
+        self._scheduled: dict[tuple[int, str, bool], int] = {}
+        if len(plan):
+            width = 2 * len(plan.class_names)
+            key = (plan.offsets_s // interval_s).astype(np.int64) * width + plan.cls * 2 + plan.warmup
+            for code in np.flatnonzero(counts := np.bincount(key)):
+                k, rest = divmod(int(code), width)
+                self._scheduled[(k, plan.class_names[rest // 2], bool(rest % 2))] = int(counts[code])
+
+    def add(self, report: dict) -> None:
+        """One worker's report for one interval."""
+        self._pending[report["interval"]].append(report)
+        while len(self._pending.get(self.completed_intervals, ())) >= self.workers:
+            self._complete(self.completed_intervals)
+
+    def finish(self) -> None:
+        """Complete every interval still pending (a worker that died never reports its last ones)."""
+        for k in sorted(self._pending):
+            if k >= self.completed_intervals:
+                self._complete(k)
+
+    def _complete(self, k: int) -> None:
+        reports = self._pending.pop(k, [])
+        self.completed_intervals = k + 1
+        interval: dict[str, dict[str, HdrHistogram]] = defaultdict(dict)  # warm-up included
+        counts: dict[tuple[str, bool], np.ndarray] = defaultdict(lambda: np.zeros(len(COUNTERS), np.int64))
+        for report in reports:
+            for (metric, cls, warmup), blob in report["histograms"].items():
+                h = decode(blob)
+                _add(interval[metric], cls, h)
+                if not warmup:
+                    _add(self.totals[metric], cls, h)
+            for metric, n in report["clamped"].items():
+                self.clamped[metric] += n
+            for (ci, warmup), row in report["counters"].items():
+                key = (self.plan.class_names[ci], warmup)
+                counts[key] += row
+                self.counters[key] += row
+        self.last_in_flight = sum(r["in_flight"] for r in reports)
+        self._write(k, interval, counts)
+
+    def _write(self, k: int, interval: dict, counts: dict) -> None:
+        start = k * self.interval_s
+        phase = self.phase_at(start)
+        per_class: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(len(COUNTERS), np.int64))
+        scheduled: dict[str, int] = defaultdict(int)
+        for name in self.plan.class_names:
+            for warmup in (False, True):
+                per_class[name] += counts.get((name, warmup), 0)
+                scheduled[name] += self._scheduled.get((k, name, warmup), 0)
+        per_class[ALL] = sum(per_class.values(), np.zeros(len(COUNTERS), np.int64))
+        scheduled[ALL] = sum(scheduled.values())
+        self.last_interval = {"scheduled": scheduled[ALL], **{n: int(per_class[ALL][i]) for i, n in enumerate(COUNTERS)}}
+        interval.setdefault("latency", {})  # one latency row per class even when nothing completed
+        for metric, by_class in interval.items():
+            classes = with_all(by_class) if by_class else {}
+            for name in (*self.plan.class_names, ALL):
+                if metric != "latency" and name not in classes:
+                    continue
+                h = classes.get(name)
+                if h is not None and self.hlog is not None:
+                    self.hlog.write(f"{metric}/{name}", start, self.interval_s, h)
+                c = per_class[name] if name in per_class else np.zeros(len(COUNTERS), np.int64)
+                stats = summarize(h) if h is not None else {"count": 0}
+                self.rows.append(
+                    {
+                        "interval_start_s": start,
+                        "interval_s": self.interval_s,
+                        "phase": phase,
+                        "metric": metric,
+                        "class": name,
+                        **{key: stats.get(key) for key in ROW_STATS},
+                        "scheduled": scheduled.get(name, 0),
+                        **{counter: int(c[i]) for i, counter in enumerate(COUNTERS)},
+                        "errors": int(c[5:].sum()),
+                        "in_flight": self.last_in_flight if name == ALL else None,
+                    }
+                )
+
+    def phase_at(self, t: float) -> str:
+        for p in self.plan.phases:
+            if p.start_s <= t < p.start_s + p.duration_s:
+                return p.name
+        return ""
+
+    def totals_with_all(self) -> dict[str, dict[str, HdrHistogram]]:
+        return {metric: with_all(by_class) for metric, by_class in self.totals.items()}
+
+    def latency_so_far(self) -> dict:
+        """Latency over all classes so far (for live progress)."""
+        return summarize(with_all(self.totals["latency"])[ALL]) if self.totals.get("latency") else {"count": 0}
+
+
+ROW_STATS = ("count", "min_ms", "mean_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "p99.9_ms", "max_ms")
+
+
+def _add(by_class: dict[str, HdrHistogram], cls: str, h: HdrHistogram) -> None:
+    if cls not in by_class:
+        by_class[cls] = new_histogram()
+    by_class[cls].add(h)

@@ -1,0 +1,341 @@
+"""The open-loop engine: one per worker process.
+
+Timing rules (DESIGN.md), all on the monotonic `perf_counter_ns` clock:
+- every request has an intended send time from the plan, and is sent then, whatever earlier
+  requests are doing: a slow target makes requests pile up in flight, it never slows the offered load;
+- latency = end − intended (the honest, coordinated-omission-free number), service_time = end −
+  actual send, send_lag = actual send − intended (so a client that fell behind is visible);
+- the engine watches its own event-loop lag and garbage-collection pauses, so client hiccups are
+  reported, not blamed on the server.
+
+The in-flight cap is the one place the engine may not send on time: with `overflow: queue` the
+request waits for a slot (counted `late`; its latency still runs from the intended time), with
+`overflow: drop` it is not sent (counted `dropped`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import signal
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from latscope.records import ERROR_KINDS, Outcome, Request
+from latscope.recorder import Recorder
+from latscope.scenario import Scenario
+
+# Per-interval counters kept for each (class index, warmup) pair, in this order.
+COUNTERS = ("sent", "completed", "dropped", "late", "cancelled", *ERROR_KINDS)
+SENT, COMPLETED, DROPPED, LATE, CANCELLED = range(5)
+ERROR_INDEX = {kind: 5 + i for i, kind in enumerate(ERROR_KINDS)}
+
+LOOP_LAG_PERIOD_NS = 10_000_000  # the lag probe asks to sleep 10 ms; anything beyond is loop lag
+STOP_POLL_S = 0.05  # how often a worker checks for a stop request
+MAX_ERROR_EXAMPLES = 5  # distinct error messages kept per kind
+YIELD_EVERY = 64  # when behind schedule, let responses be read at least this often
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    index: int
+    workers: int
+    scenario: Scenario
+
+
+class Engine:
+    """Sends one worker's share of the plan, open loop, and reports per-interval results."""
+
+    def __init__(
+        self,
+        client: Any,
+        intended_ns: np.ndarray,
+        seq: np.ndarray,
+        cls: np.ndarray,
+        warmup: np.ndarray,
+        class_names: list[str],
+        warmup_windows_ns: list[tuple[int, int]],
+        *,
+        t0_ns: int,
+        interval_s: float,
+        max_in_flight: int,
+        overflow: str,
+        drain_timeout_s: float,
+        report: Callable[[dict], None],
+        should_stop: Callable[[], bool],
+    ):
+        self.client = client
+        self.intended_ns, self.seq, self.cls, self.warmup = intended_ns, seq, cls, warmup
+        self.class_names = class_names
+        self.warmup_windows_ns = warmup_windows_ns
+        self.t0_ns = t0_ns
+        self.interval_ns = int(interval_s * 1e9)
+        self.cap = max_in_flight
+        self.overflow = overflow
+        self.drain_timeout_s = drain_timeout_s
+        self.report = report
+        self.should_stop = should_stop
+
+        self.recorder = Recorder()
+        self.counters: dict[tuple[int, bool], list[int]] = {}
+        self.error_examples: dict[str, list[str]] = {}
+        self.in_flight = 0
+        self.consumed = 0  # how many of this worker's planned requests were sent, dropped or skipped
+        self.stopping = False
+        self._slot_free = asyncio.Event()
+        self._tasks: set[asyncio.Task] = set()
+        self._interval = 0
+        self._gc_started = 0
+
+    # -- the schedule ------------------------------------------------------------------------
+
+    def _count(self, cls: int, warmup: bool, counter: int) -> None:
+        key = (cls, warmup)
+        row = self.counters.get(key)
+        if row is None:
+            row = self.counters[key] = [0] * len(COUNTERS)
+        row[counter] += 1
+
+    async def _sleep_until(self, when_ns: int) -> None:
+        """Sleep until `when_ns`; wakes at least every STOP_POLL_S to notice a stop request.
+        Re-checks the clock after each sleep because libuv timers have millisecond granularity
+        and may fire a little early."""
+        while not self.stopping:
+            delay = when_ns - time.perf_counter_ns()
+            if delay <= 0:
+                return
+            await asyncio.sleep(min(delay * 1e-9, STOP_POLL_S))
+
+    async def _send_all(self) -> None:
+        loop = asyncio.get_running_loop()
+        pc = time.perf_counter_ns
+        since_yield = 0
+        chunk = 65536  # iterate in chunks: Python ints for speed, without a list of the whole plan
+        for start in range(0, len(self.intended_ns), chunk):
+            intended_chunk = self.intended_ns[start : start + chunk].tolist()
+            seq_chunk = self.seq[start : start + chunk].tolist()
+            cls_chunk = self.cls[start : start + chunk].tolist()
+            warm_chunk = self.warmup[start : start + chunk].tolist()
+            for intended, seq, cls, warm in zip(intended_chunk, seq_chunk, cls_chunk, warm_chunk):
+                if intended > pc():
+                    await self._sleep_until(intended)
+                    since_yield = 0
+                elif since_yield >= YIELD_EVERY:
+                    await asyncio.sleep(0)
+                    since_yield = 0
+                if self.stopping:
+                    return
+                self.consumed += 1
+                if self.in_flight >= self.cap:
+                    if self.overflow == "drop":
+                        self._count(cls, warm, DROPPED)
+                        continue
+                    self._count(cls, warm, LATE)
+                    while self.in_flight >= self.cap and not self.stopping:
+                        self._slot_free.clear()
+                        await self._slot_free.wait()
+                    if self.stopping:
+                        self.consumed -= 1
+                        return
+                self.in_flight += 1
+                self._count(cls, warm, SENT)
+                task = loop.create_task(self._one(Request(seq, intended, cls, warm)))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+                since_yield += 1
+
+    async def _one(self, request: Request) -> None:
+        try:
+            outcome = await self.client.send(request)
+        except asyncio.CancelledError:
+            self._count(request.cls, request.warmup, CANCELLED)
+            return
+        finally:
+            self.in_flight -= 1
+            self._slot_free.set()
+        self._record(request, outcome)
+
+    def _record(self, request: Request, outcome: Outcome) -> None:
+        name, warm = self.class_names[request.cls], request.warmup
+        record = self.recorder.record
+        record("send_lag", name, (outcome.sent_ns - request.intended_ns) // 1000, warm)
+        if outcome.error is None:
+            self._count(request.cls, warm, COMPLETED)
+            record("latency", name, (outcome.end_ns - request.intended_ns) // 1000, warm)
+            record("service_time", name, (outcome.end_ns - outcome.sent_ns) // 1000, warm)
+        else:
+            self._count(request.cls, warm, ERROR_INDEX[outcome.error])
+            examples = self.error_examples.setdefault(outcome.error, [])
+            if len(examples) < MAX_ERROR_EXAMPLES and outcome.reason not in examples:
+                examples.append(outcome.reason)
+
+    # -- health of the generator itself -----------------------------------------------------
+
+    def _in_warmup(self, now_ns: int) -> bool:
+        return any(start <= now_ns < end for start, end in self.warmup_windows_ns)
+
+    async def _watch_loop_lag(self) -> None:
+        pc = time.perf_counter_ns
+        while True:
+            before = pc()
+            await asyncio.sleep(LOOP_LAG_PERIOD_NS * 1e-9)
+            now = pc()
+            lag_us = max(0, now - before - LOOP_LAG_PERIOD_NS) // 1000
+            self.recorder.record("loop_lag", "all", lag_us, self._in_warmup(now))
+
+    def _gc_callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter_ns()
+        else:
+            now = time.perf_counter_ns()
+            self.recorder.record("gc_pause", "all", (now - self._gc_started) // 1000, self._in_warmup(now))
+
+    async def _watch_stop(self) -> None:
+        while not self.stopping:
+            if self.should_stop():
+                self.stopping = True
+                self._slot_free.set()
+            await asyncio.sleep(STOP_POLL_S)
+
+    # -- reporting --------------------------------------------------------------------------
+
+    def _emit_interval(self) -> None:
+        histograms, clamped = self.recorder.snapshot()
+        counters, self.counters = self.counters, {}
+        self.report(
+            {
+                "type": "interval",
+                "interval": self._interval,
+                "histograms": histograms,
+                "clamped": clamped,
+                "counters": counters,
+                "in_flight": self.in_flight,
+            }
+        )
+        self._interval += 1
+
+    async def _tick(self) -> None:
+        while True:
+            boundary = self.t0_ns + (self._interval + 1) * self.interval_ns
+            delay = boundary - time.perf_counter_ns()
+            if delay > 0:
+                await asyncio.sleep(delay * 1e-9)
+            if time.perf_counter_ns() >= boundary:
+                self._emit_interval()
+
+    # -- the run ----------------------------------------------------------------------------
+
+    async def run(self) -> dict:
+        """Send everything (or until stopped), drain, and return the final report."""
+        helpers = [asyncio.create_task(c) for c in (self._tick(), self._watch_loop_lag(), self._watch_stop())]
+        gc.callbacks.append(self._gc_callback)
+        try:
+            await self._sleep_until(self.t0_ns)
+            await self._send_all()
+            await self._drain()
+        finally:
+            gc.callbacks.remove(self._gc_callback)
+            for helper in helpers:
+                helper.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+        self._emit_interval()
+        return {
+            "type": "done",
+            "not_sent": len(self.intended_ns) - self.consumed,
+            "error_examples": self.error_examples,
+        }
+
+    async def _drain(self) -> None:
+        """Wait for requests still in flight: up to the target timeout normally, briefly when stopping."""
+        deadline = time.monotonic() + self.drain_timeout_s
+        while self._tasks and time.monotonic() < deadline:
+            if self.stopping:
+                deadline = min(deadline, time.monotonic() + 0.5)
+            await asyncio.wait(set(self._tasks), timeout=STOP_POLL_S)
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+# -- the worker process ---------------------------------------------------------------------
+
+
+def worker_main(spec: WorkerSpec, queue: Any, start_event: Any, t0_value: Any, stop_event: Any) -> None:
+    """Entry point of a worker process (spawned). Reports through `queue`; never raises."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the parent coordinates the stop
+    signal.signal(signal.SIGTERM, lambda *_: stop_event.set())
+    try:
+        _run_loop(_worker(spec, queue, start_event, t0_value, stop_event))
+    except BaseException:
+        queue.put({"type": "failed", "worker": spec.index, "error": traceback.format_exc()})
+
+
+def _run_loop(coro: Any) -> Any:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on every supported platform
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+async def _worker(spec: WorkerSpec, queue: Any, start_event: Any, t0_value: Any, stop_event: Any) -> None:
+    from latscope.plan import build_plan
+    from latscope.protocols import make_client
+
+    scenario = spec.scenario
+    plan = build_plan(scenario)
+    mine = plan.worker_slice(spec.index, spec.workers)
+    cap = max(1, scenario.limits.max_in_flight // spec.workers)
+    client = make_client(scenario, cap)
+    await client.open()
+    parent = os.getppid()
+
+    def report(message: dict) -> None:
+        message["worker"] = spec.index
+        queue.put(message)
+
+    def should_stop() -> bool:
+        return stop_event.is_set() or os.getppid() != parent
+
+    report({"type": "ready", "planned": len(mine)})
+    loop = asyncio.get_running_loop()
+    while not await loop.run_in_executor(None, start_event.wait, 1.0):
+        if should_stop():
+            await client.close()
+            return
+    t0 = t0_value.value
+    warmup_windows = [
+        (t0 + int(p.start_s * 1e9), t0 + int((p.start_s + p.duration_s) * 1e9)) for p in plan.phases if p.warmup
+    ]
+    engine = Engine(
+        client,
+        t0 + (plan.offsets_s[mine] * 1e9).astype(np.int64),
+        mine,
+        plan.cls[mine],
+        plan.warmup[mine],
+        plan.class_names,
+        warmup_windows,
+        t0_ns=t0,
+        interval_s=scenario.output.interval,
+        max_in_flight=cap,
+        overflow=scenario.limits.overflow,
+        drain_timeout_s=scenario.target.timeout + 1.0,
+        report=report,
+        should_stop=should_stop,
+    )
+    # Freeze what exists now (plan, imports) out of the collector's reach and make young
+    # collections rarer: fewer client pauses while measuring. Pauses still happen and are recorded.
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 50, 1000)
+    try:
+        final = await engine.run()
+    finally:
+        await client.close()
+    report(final)

@@ -1,0 +1,156 @@
+"""HdrHistogram interval log (.hlog), format version 1.3, with tags.
+
+The file is text, one line per record, as written by the Java ``HistogramLogWriter`` (and
+readable by its ``HistogramLogReader``, HistogramLogAnalyzer, ``hdrh.log.HistogramLogReader``
+and the other HdrHistogram ports)::
+
+    #[Histogram log format version 1.3]
+    #[StartTime: 1732284000.000 (seconds since epoch), Fri Nov 22 14:00:00 UTC 2024]
+    #[BaseTime: 1732284000.000 (seconds since epoch)]
+    "StartTimestamp","Interval_Length","Interval_Max","Interval_Compressed_Histogram"
+    Tag=latency/all,0.000,1.000,12.345,HISTFAAAAEV42pNpmSz...
+    0.000,1.000,3.071,HISTFAAAAC94...
+
+* Lines starting with ``#`` are comments; ``#[StartTime: <s> ...`` and ``#[BaseTime: <s> ...``
+  are epoch seconds. We write BaseTime = StartTime, so every interval timestamp is in seconds
+  relative to the start of the run.
+* The legend line (``"StartTimestamp",...``) is ignored by readers.
+* An interval line is ``[Tag=<tag>,]<start>,<length>,<max>,<histogram>``: start and length in
+  seconds (``%.3f``), max the interval histogram's max value divided by 1000 — our values are
+  µs, so Interval_Max is in ms (``%.3f``) — and the histogram as a V2 compressed, base64 blob.
+  A tag may not contain ``,`` or whitespace; a line without a tag is an untagged interval.
+
+Reading follows the Java/Python readers: without a BaseTime line, timestamps more than a year
+before StartTime are taken as relative (base = StartTime), others as absolute (base = 0); without
+a StartTime line, the first interval's timestamp is the start. ``read_hlog`` yields each interval's
+start relative to StartTime.
+
+``hdrh``'s own ``HistogramLogWriter`` is not used: it writes format 1.2, cannot write tags, and
+its ``output_start_time`` is broken.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import time
+from typing import Iterator, TextIO
+
+from hdrh.histogram import HdrHistogram
+
+from latscope.recorder import decode, encode
+
+FORMAT_VERSION = "1.3"
+LEGEND = '"StartTimestamp","Interval_Length","Interval_Max","Interval_Compressed_Histogram"'
+MAX_VALUE_UNIT_RATIO = 1000.0  # µs -> ms for Interval_Max
+
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+_BAD_TAG = re.compile(r"[,\s]")
+_START_TIME = re.compile(r"#\[StartTime: *([-+\d.eE]+)")
+_BASE_TIME = re.compile(r"#\[BaseTime: *([-+\d.eE]+)")
+_ONE_YEAR_S = 365 * 24 * 3600.0
+
+
+def _utc_date(t: float) -> str:
+    """Java's Date.toString() in UTC, locale-independent: 'Fri Nov 22 14:00:00 UTC 2024'."""
+    g = time.gmtime(t)
+    return f"{_DAYS[g.tm_wday]} {_MONTHS[g.tm_mon - 1]} {g.tm_mday:02d} {g.tm_hour:02d}:{g.tm_min:02d}:{g.tm_sec:02d} UTC {g.tm_year}"
+
+
+def _check_time(name: str, value: float) -> float:
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, not {value!r}")
+    return value + 0.0  # -0.0 -> 0.0 (else "%.3f" writes "-0.000")
+
+
+class HlogWriter:
+    """Writes a tagged interval log to an open text file; the caller owns (flushes, closes) the file."""
+
+    def __init__(self, f: TextIO, start_time_epoch_s: float):
+        self.f = f
+        self.start_time_epoch_s = start_time_epoch_s
+        f.write(
+            f"#[Histogram log format version {FORMAT_VERSION}]\n"
+            f"#[StartTime: {start_time_epoch_s:.3f} (seconds since epoch), {_utc_date(start_time_epoch_s)}]\n"
+            f"#[BaseTime: {start_time_epoch_s:.3f} (seconds since epoch)]\n"
+            f"{LEGEND}\n"
+        )
+
+    def comment(self, text: str) -> None:
+        """One '#' line per line of text."""
+        self.f.write("".join(f"#{line}\n" for line in (text.splitlines() or [""])))
+
+    def write(self, tag: str | None, start_s: float, length_s: float, h: HdrHistogram) -> None:
+        """One interval: start_s relative to StartTime, length_s, both in seconds; values in µs.
+        ValueError for a tag that is empty or holds ',' or whitespace, or a negative/non-finite time."""
+        if tag is not None and (not tag or _BAD_TAG.search(tag)):
+            raise ValueError(f"hlog tag must be non-empty, without ',' or whitespace: {tag!r}")
+        start_s = _check_time("start_s", start_s)
+        length_s = _check_time("length_s", length_s)
+        blob = encode(h)  # syncs h.max_value from the counts first
+        max_ms = h.get_max_value() / MAX_VALUE_UNIT_RATIO
+        prefix = "" if tag is None else f"Tag={tag},"
+        self.f.write(f"{prefix}{start_s:.3f},{length_s:.3f},{max_ms:.3f},{blob}\n")
+
+
+class HlogReader:
+    """Iterates over an interval log's intervals as (tag, start_s relative to StartTime, length_s,
+    histogram). After iteration, ``start_time_s`` / ``base_time_s`` hold the log's epoch times
+    (None if absent) and ``version`` its format version (None if absent).
+
+    A malformed interval line raises ValueError naming it, unless strict=False, in which case it
+    is skipped (e.g. the torn last line of a log whose writer was killed)."""
+
+    def __init__(self, source: str | os.PathLike | TextIO, strict: bool = True):
+        self.source = source
+        self.strict = strict
+        self.start_time_s: float | None = None
+        self.base_time_s: float | None = None
+        self.version: str | None = None
+
+    def __iter__(self) -> Iterator[tuple[str | None, float, float, HdrHistogram]]:
+        if isinstance(self.source, (str, os.PathLike)):
+            with open(self.source, encoding="utf-8") as f:
+                yield from self._lines(f)
+        else:
+            yield from self._lines(self.source)
+
+    def _lines(self, f: TextIO) -> Iterator[tuple[str | None, float, float, HdrHistogram]]:
+        start = self.start_time_s
+        base = self.base_time_s
+        for number, line in enumerate(f, 1):
+            line = line.strip()
+            if not line or line.startswith('"'):  # blank, legend
+                continue
+            if line.startswith("#"):
+                if m := _START_TIME.match(line):
+                    start = self.start_time_s = float(m.group(1))
+                elif m := _BASE_TIME.match(line):
+                    base = self.base_time_s = float(m.group(1))
+                elif line.startswith("#[Histogram log format version "):
+                    self.version = line[len("#[Histogram log format version ") :].rstrip("]").strip()
+                continue
+            try:
+                tag = None
+                if line.startswith("Tag="):
+                    tag, line = line[4:].split(",", 1)
+                    tag = tag or None
+                ts, length, _max, blob = line.split(",", 3)
+                ts, length = float(ts), float(length)
+                h = decode(blob)
+            except Exception as e:  # noqa: BLE001 - any parse/decode failure is a malformed line
+                if self.strict:
+                    raise ValueError(f"{getattr(f, 'name', 'hlog')}:{number}: malformed interval line ({e})") from e
+                continue
+            if start is None:  # no StartTime: the first interval starts the log
+                start = ts
+            if base is None:  # no BaseTime: relative if more than a year before StartTime
+                base = start if ts < start - _ONE_YEAR_S else 0.0
+            yield tag, ts + (base - start), length, h  # exact ts when BaseTime == StartTime
+
+
+def read_hlog(path: str | os.PathLike | TextIO, strict: bool = True) -> Iterator[tuple[str | None, float, float, HdrHistogram]]:
+    """(tag, start_s relative to the log's StartTime, length_s, histogram) for each interval; see HlogReader."""
+    return iter(HlogReader(path, strict))

@@ -1,0 +1,112 @@
+"""Starting and stopping a target that the scenario launches itself (`target.launch`).
+
+The target runs in its own process group with its output in the results directory; latscope polls
+its readiness URL, and afterwards stops the whole group (SIGTERM, then SIGKILL). `python` or
+`python3` as the first word of the command means the interpreter running latscope, so a scenario
+that launches a Python target works inside a virtualenv that is not activated.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from latscope.errors import RunError
+from latscope.scenario import Launch
+
+READY_POLL_S = 0.1
+STOP_GRACE_S = 5.0
+
+
+@dataclass
+class LaunchedTarget:
+    process: subprocess.Popen
+    log_path: Path
+    ready_after_s: float
+
+    def exit_code(self) -> int | None:
+        return self.process.poll()
+
+
+def _command(launch: Launch) -> list[str]:
+    argv = shlex.split(launch.command) if isinstance(launch.command, str) else list(launch.command)
+    if argv and argv[0] in ("python", "python3"):
+        argv[0] = sys.executable
+    return argv
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _is_ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as response:
+            return 200 <= response.status < 300
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def start_target(launch: Launch, cwd: Path, log_path: Path) -> LaunchedTarget:
+    """Start the target and wait until its readiness URL answers 2xx (or, without one, until it has
+    run for a moment without exiting)."""
+    argv = _command(launch)
+    started = time.monotonic()
+    with open(log_path, "ab") as log:
+        try:
+            process = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env={**os.environ, **launch.env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise RunError(f"cannot launch target {shlex.join(argv)}: {exc}") from exc
+    target = LaunchedTarget(process, log_path, 0.0)
+    deadline = started + launch.ready_timeout
+    while True:
+        code = process.poll()
+        if code is not None:
+            raise RunError(f"launched target exited with code {code} before it was ready; its last output:\n{_tail(log_path)}")
+        if launch.ready_url is None:
+            if time.monotonic() - started >= 0.5:
+                break
+        elif _is_ready(launch.ready_url):
+            break
+        if time.monotonic() > deadline:
+            stop_target(target)
+            raise RunError(
+                f"launched target not ready at {launch.ready_url} after {launch.ready_timeout:g} s; "
+                f"its last output:\n{_tail(log_path)}"
+            )
+        time.sleep(READY_POLL_S)
+    target.ready_after_s = time.monotonic() - started
+    return target
+
+
+def stop_target(target: LaunchedTarget) -> None:
+    """SIGTERM the target's process group, SIGKILL it if it is still there after a grace period."""
+    if target.process.poll() is not None:
+        return
+    try:
+        os.killpg(target.process.pid, signal.SIGTERM)
+        target.process.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(target.process.pid, signal.SIGKILL)
+        target.process.wait()
+    except ProcessLookupError:
+        pass

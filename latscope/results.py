@@ -1,0 +1,124 @@
+"""Reading and writing a results directory — the contract between measuring and analysing.
+
+    results/<scenario>-<UTC timestamp>/
+      summary.json        what CI and other tools read (schema_version 1; keys are added, never renamed)
+      scenario.yaml       the resolved scenario, secrets redacted
+      histograms.hlog     HdrHistogram interval log 1.3, one `Tag=metric/class` line per interval
+      timeseries.parquet  one row per interval × metric × class
+      events.jsonl        run start/end, phases, target launch, aborts
+      schedule.parquet    the realized schedule: intended offset, phase, class of every planned request
+      target.log          output of a target the scenario launched
+
+Every file is written to a temporary name and renamed, so a reader never sees half a file; an
+interrupted run still leaves each of them, with summary.json saying `"partial": true`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TextIO
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from latscope.errors import ScenarioError
+
+SCHEMA_VERSION = 1
+SUMMARY = "summary.json"
+SCENARIO = "scenario.yaml"
+HLOG = "histograms.hlog"
+TIMESERIES = "timeseries.parquet"
+EVENTS = "events.jsonl"
+SCHEDULE = "schedule.parquet"
+TARGET_LOG = "target.log"
+
+
+def utc_stamp(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def create_run_dir(base: str | Path, scenario_name: str, started: float, explicit: str | Path | None = None) -> Path:
+    """A fresh directory for one run: `explicit` as given, else `<base>/<scenario>-<UTC timestamp>`."""
+    if explicit is not None:
+        path = Path(explicit)
+        if (path / SUMMARY).exists():
+            raise ScenarioError(f"{path} already holds results (summary.json); choose another --out")
+    else:
+        stamp = datetime.fromtimestamp(started, timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        path = Path(base) / f"{scenario_name}-{stamp}"
+        n = 1
+        while path.exists():
+            n += 1
+            path = Path(base) / f"{scenario_name}-{stamp}-{n}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _atomic(path: Path, write: Any, mode: str = "w") -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, mode) as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    _atomic(path, lambda f: json.dump(obj, f, indent=2, allow_nan=False))
+
+
+def write_text(path: Path, text: str) -> None:
+    _atomic(path, lambda f: f.write(text))
+
+
+def write_table(path: Path, columns: dict[str, Any]) -> None:
+    """A parquet file from named columns (lists or numpy arrays)."""
+    table = pa.table(columns)
+    _atomic(path, lambda f: pq.write_table(table, f), mode="wb")
+
+
+def write_rows(path: Path, rows: list[dict], columns: list[str]) -> None:
+    """A parquet file from row dicts, with the given columns even when there are no rows."""
+    write_table(path, {c: [r.get(c) for r in rows] for c in columns})
+
+
+class EventLog:
+    """events.jsonl: one JSON object a line, flushed as it happens, timestamped on the run's clock
+    (`t_s`, seconds from the first intended send; negative before it) and on the wall clock."""
+
+    def __init__(self, path: Path):
+        self._f: TextIO = open(path, "a", encoding="utf-8")
+        self.t0_ns: int | None = None
+
+    def emit(self, event: str, **fields: Any) -> None:
+        now = time.perf_counter_ns()
+        record = {
+            "event": event,
+            "t_s": round((now - self.t0_ns) / 1e9, 6) if self.t0_ns is not None else None,
+            "wall": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+            **fields,
+        }
+        self._f.write(json.dumps(record) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def read_summary(run_dir: str | Path) -> dict:
+    return json.loads((Path(run_dir) / SUMMARY).read_text())
+
+
+def read_events(run_dir: str | Path) -> list[dict]:
+    path = Path(run_dir) / EVENTS
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def read_timeseries(run_dir: str | Path):
+    import pandas as pd
+
+    return pd.read_parquet(Path(run_dir) / TIMESERIES)

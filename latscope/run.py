@@ -1,0 +1,433 @@
+"""One run, end to end: launch the target, plan, start the workers, collect, write the results.
+
+The parent process does no sending. It starts N worker processes (each rebuilds the plan from the
+scenario and sends its share, see engine.py), gives them one common start time on the monotonic
+clock, merges their interval reports as they arrive, and writes the results directory. Ctrl-C,
+SIGTERM, a target that dies or a worker that fails all end the run the same way: workers are told
+to stop, what was measured is collected, and a complete directory marked `"partial": true` is
+written.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import platform
+import queue as queue_module
+import signal
+import socket
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from latscope import __version__
+from latscope.analysis.verdicts import slo_verdicts, validity
+from latscope.collector import ALL, ROW_STATS, Collector
+from latscope.engine import COUNTERS, ERROR_INDEX, WorkerSpec, worker_main
+from latscope.errors import RunError
+from latscope.hlog import HlogWriter
+from latscope.launch import LaunchedTarget, start_target, stop_target
+from latscope.plan import Plan, build_plan
+from latscope.records import ERROR_KINDS
+from latscope.recorder import summarize
+from latscope import results
+from latscope.scenario import Scenario, redacted_yaml
+
+START_DELAY_S = 0.2  # between "all workers ready" and the first intended send
+READY_TIMEOUT_S = 60.0
+STOP_GRACE_S = 10.0  # how long stopped workers get to report what they measured
+METRIC_ORDER = ("latency", "service_time", "send_lag")
+
+
+@dataclass
+class Progress:
+    elapsed_s: float
+    duration_s: float
+    phase: str
+    offered_rps: float
+    achieved_rps: float
+    in_flight: int
+    sent: int
+    completed: int
+    errors: int
+    p50_ms: float | None
+    p99_ms: float | None
+    stopping: str | None
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    summary: dict
+
+
+class _StopRequest:
+    """Turns SIGINT/SIGTERM into a polite request the run loop checks."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    def __call__(self, signum: int, frame: object) -> None:
+        self.reason = f"interrupted by {signal.Signals(signum).name}"
+
+
+@contextmanager
+def _signals_to(handler: _StopRequest) -> Iterator[None]:
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def run_scenario(
+    scenario: Scenario,
+    *,
+    out: str | Path | None = None,
+    workers: int | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> RunResult:
+    """Run `scenario` and write its results directory. Raises RunError when the run could not
+    start; a run that started always leaves a results directory (partial when cut short)."""
+    workers = max(1, workers or os.cpu_count() or 1)
+    started_wall = time.time()
+    run_dir = results.create_run_dir(scenario.output.dir, scenario.name, started_wall, out)
+    results.write_text(run_dir / results.SCENARIO, redacted_yaml(scenario))
+    events = results.EventLog(run_dir / results.EVENTS)
+    plan = build_plan(scenario)
+    if scenario.output.save_schedule:
+        results.write_table(
+            run_dir / results.SCHEDULE,
+            {
+                "intended_s": plan.offsets_s,
+                "phase": np.array([p.name for p in plan.phases])[plan.phase] if len(plan) else np.array([], str),
+                "class": np.array(plan.class_names)[plan.cls] if len(plan) else np.array([], str),
+            },
+        )
+    run = _Run(scenario, plan, workers, run_dir, events, on_progress)
+    stop = _StopRequest()
+    with _signals_to(stop):
+        try:
+            run.execute(stop)
+        except RunError as exc:
+            run.failure = str(exc)
+            run.abort_reason = run.abort_reason or str(exc).splitlines()[0]
+        finally:
+            run.close()
+    summary = run.write_summary(started_wall)
+    if run.failure:
+        raise RunError(f"{run.failure}; partial results in {run_dir}")
+    return RunResult(run_dir, summary)
+
+
+class _Run:
+    def __init__(self, scenario: Scenario, plan: Plan, workers: int, run_dir: Path, events, on_progress):
+        self.scenario, self.plan, self.workers, self.run_dir = scenario, plan, workers, run_dir
+        self.events = events
+        self.on_progress = on_progress
+        self.target: LaunchedTarget | None = None
+        self.abort_reason: str | None = None
+        self.failure: str | None = None  # an abort that is the run's fault, not the user's wish
+        self.t0_ns: int | None = None
+        self.t0_wall: float | None = None
+        self.end_ns: int | None = None
+        self.abort_ns: int | None = None
+        self.done: dict[int, dict] = {}
+        self.processes: list = []
+        hlog_file = open(run_dir / f".{results.HLOG}.tmp", "w")
+        self._hlog_file = hlog_file
+        self.collector: Collector | None = None
+
+    # -- execution ----------------------------------------------------------------------------
+
+    def execute(self, stop: _StopRequest) -> None:
+        scenario = self.scenario
+        if scenario.target.launch is not None:
+            self.events.emit("target_launch")
+            self.target = start_target(
+                scenario.target.launch,
+                scenario.resolve_path(scenario.target.launch.cwd or "."),
+                self.run_dir / results.TARGET_LOG,
+            )
+            self.events.emit("target_ready", after_s=round(self.target.ready_after_s, 4))
+
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        start_event, stop_event = ctx.Event(), ctx.Event()
+        t0_value = ctx.Value("q", 0)
+        for index in range(self.workers):
+            process = ctx.Process(
+                target=worker_main,
+                args=(WorkerSpec(index, self.workers, scenario), queue, start_event, t0_value, stop_event),
+                name=f"latscope-worker-{index}",
+                daemon=True,
+            )
+            process.start()
+            self.processes.append(process)
+        self._stop_event = stop_event
+        if not self._wait_ready(queue, stop):
+            return
+
+        self.t0_ns = time.perf_counter_ns() + int(START_DELAY_S * 1e9)
+        self.t0_wall = time.time() + START_DELAY_S
+        t0_value.value = self.t0_ns
+        self.events.t0_ns = self.t0_ns
+        self.collector = Collector(
+            self.workers, self.plan, scenario.output.interval, HlogWriter(self._hlog_file, self.t0_wall)
+        )
+        start_event.set()
+        self.events.emit("run_start", planned_requests=len(self.plan), workers=self.workers)
+        self._collect(queue, stop)
+        self.end_ns = time.perf_counter_ns()
+
+    def _wait_ready(self, queue, stop: _StopRequest) -> bool:
+        """True once every worker is ready; False when the user stopped the run first."""
+        ready, deadline = set(), time.monotonic() + READY_TIMEOUT_S
+        while len(ready) < self.workers:
+            if stop.reason:
+                self._abort(stop.reason)
+                return False
+            try:
+                message = queue.get(timeout=0.1)
+            except queue_module.Empty:
+                if time.monotonic() > deadline or any(p.exitcode is not None for p in self.processes):
+                    raise RunError("workers did not start; " + self._dead_workers())
+                continue
+            if message["type"] == "failed":
+                raise RunError(f"worker {message['worker']} failed to start:\n{message['error']}")
+            ready.add(message["worker"])
+        return True
+
+    def _dead_workers(self) -> str:
+        dead = [f"worker {i} exited with code {p.exitcode}" for i, p in enumerate(self.processes) if p.exitcode is not None]
+        return ", ".join(dead) or "timed out waiting for them"
+
+    def _collect(self, queue, stop: _StopRequest) -> None:
+        hard_deadline = time.monotonic() + self.plan.duration_s + self.scenario.target.timeout + 30.0
+        grace_deadline = None
+        next_phase = 0
+        while len(self.done) < self.workers:
+            now = time.monotonic()
+            if self.abort_reason is None:
+                reason = stop.reason or self._target_gone()
+                if reason is None and now > hard_deadline:
+                    reason = "workers did not finish within the planned duration plus the target timeout"
+                    self.failure = reason
+                if reason:
+                    self._abort(reason)
+                    grace_deadline = now + STOP_GRACE_S
+            elif now > grace_deadline:
+                self.failure = self.failure or "workers did not stop in time"
+                break
+            while next_phase < len(self.plan.phases) and self._elapsed_s() >= self.plan.phases[next_phase].start_s:
+                phase = self.plan.phases[next_phase]
+                self.events.emit("phase_start", phase=phase.name, planned_at_s=phase.start_s, warmup=phase.warmup)
+                next_phase += 1
+            try:
+                message = queue.get(timeout=0.1)
+            except queue_module.Empty:
+                for i, p in enumerate(self.processes):
+                    if p.exitcode is not None and i not in self.done:
+                        self.failure = f"worker {i} exited unexpectedly with code {p.exitcode}"
+                        self._abort(self.failure)
+                        grace_deadline = grace_deadline or now + STOP_GRACE_S
+                        self.done[i] = {}
+                continue
+            self._handle(message)
+
+    def _handle(self, message: dict) -> None:
+        kind = message["type"]
+        if kind == "interval":
+            before = self.collector.completed_intervals
+            self.collector.add(message)
+            if self.collector.completed_intervals > before and self.on_progress:
+                self.on_progress(self.progress())
+        elif kind == "done":
+            self.done[message["worker"]] = message
+        elif kind == "failed":
+            self.failure = f"worker {message['worker']} failed:\n{message['error']}"
+            self._abort(f"worker {message['worker']} failed")
+            self.done[message["worker"]] = {}
+
+    def _abort(self, reason: str) -> None:
+        if self.abort_reason is None:
+            self.abort_reason = reason
+            self.abort_ns = time.perf_counter_ns()
+            self.events.emit("abort", reason=reason)
+        self._stop_event.set()
+
+    def _target_gone(self) -> str | None:
+        if self.target is not None and (code := self.target.exit_code()) is not None:
+            self.failure = f"the launched target exited with code {code} during the run"
+            return self.failure
+        return None
+
+    def _elapsed_s(self) -> float:
+        return (time.perf_counter_ns() - self.t0_ns) / 1e9 if self.t0_ns else 0.0
+
+    def progress(self) -> Progress:
+        c = self.collector
+        last = c.last_interval
+        totals = c.counters
+        sent = sum(int(v[COUNTERS.index("sent")]) for v in totals.values())
+        completed = sum(int(v[COUNTERS.index("completed")]) for v in totals.values())
+        errors = sum(int(v[ERROR_INDEX[k]]) for v in totals.values() for k in ERROR_KINDS)
+        latency = c.latency_so_far()
+        interval = self.scenario.output.interval
+        elapsed = self._elapsed_s()
+        return Progress(
+            elapsed_s=elapsed,
+            duration_s=self.plan.duration_s,
+            phase=c.phase_at(max(0.0, elapsed - 1e-9)),
+            offered_rps=last.get("scheduled", 0) / interval,
+            achieved_rps=last.get("completed", 0) / interval,
+            in_flight=c.last_in_flight,
+            sent=sent,
+            completed=completed,
+            errors=errors,
+            p50_ms=latency.get("p50_ms"),
+            p99_ms=latency.get("p99_ms"),
+            stopping=self.abort_reason,
+        )
+
+    # -- teardown and results ------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop workers and target; finish the interval log. Runs whatever happened before."""
+        if self.processes:
+            self._stop_event.set()
+        for p in self.processes:
+            p.join(timeout=5.0)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        if self.target is not None:
+            stop_target(self.target)
+            self.events.emit("target_stopped", exit_code=self.target.exit_code())
+        if self.collector is not None:
+            self.collector.finish()
+        self._hlog_file.close()
+        os.replace(self._hlog_file.name, self.run_dir / results.HLOG)
+
+    def write_summary(self, started_wall: float) -> dict:
+        c = self.collector
+        metrics, rows = {}, []
+        if c is not None:
+            totals = c.totals_with_all()
+            ordered = [m for m in METRIC_ORDER if m in totals] + sorted(m for m in totals if m not in METRIC_ORDER)
+            metrics = {m: {cls: summarize(h) for cls, h in totals[m].items()} for m in ordered}
+            rows = c.rows
+        results.write_rows(
+            self.run_dir / results.TIMESERIES,
+            rows,
+            ["interval_start_s", "interval_s", "phase", "metric", "class", *ROW_STATS, "scheduled", *COUNTERS,
+             "errors", "in_flight"],
+        )
+        requests, by_class, errors, warmup = self._request_counts()
+        window = self._measured_window_s()
+        measured = ~self.plan.warmup & (self.plan.offsets_s < self._executed_s())
+        offered = int(measured.sum())
+        verdict, reasons = validity(metrics, requests, self.scenario.validity, self.scenario.limits.max_in_flight)
+        summary = {
+            "schema_version": results.SCHEMA_VERSION,
+            "scenario": self.scenario.name,
+            "started_at": results.utc_stamp(self.t0_wall or started_wall),
+            "duration_s": round(((self.end_ns or 0) - (self.t0_ns or 0)) / 1e9, 3) if self.t0_ns else 0.0,
+            "partial": self.abort_reason is not None,
+            "abort_reason": self.abort_reason,
+            "validity": verdict,
+            "validity_reasons": reasons,
+            "requests": requests,
+            "requests_by_class": by_class,
+            "warmup_requests": warmup,
+            "throughput": {
+                "offered_rps": round(offered / window, 3) if window else 0.0,
+                "achieved_rps": round(requests["completed"] / window, 3) if window else 0.0,
+                "measured_window_s": round(window, 3),
+            },
+            "metrics": metrics,
+            "errors": errors,
+            "error_examples": self._error_examples(),
+            "slo": slo_verdicts(metrics, self.scenario.slos),
+            "phases": [
+                {"name": p.name, "start_s": p.start_s, "duration_s": p.duration_s, "warmup": p.warmup}
+                for p in self.plan.phases
+            ],
+            "generator": {
+                "workers": self.workers,
+                "interval_s": self.scenario.output.interval,
+                "clamped_values": dict(c.clamped) if c else {},
+                "target_ready_after_s": round(self.target.ready_after_s, 4) if self.target else None,
+            },
+            "environment": {
+                "latscope": __version__,
+                "python": platform.python_version(),
+                "platform": platform.platform(),
+                "host": socket.gethostname(),
+                "cpus": os.cpu_count(),
+                "gpus": [],
+            },
+        }
+        results.write_json(self.run_dir / results.SUMMARY, summary)
+        self.events.emit("run_end", partial=summary["partial"], validity=verdict)
+        self.events.close()
+        return summary
+
+    def _request_counts(self) -> tuple[dict, dict, dict, dict]:
+        """(requests, requests_by_class, errors by kind, warm-up requests), outside warm-up unless named."""
+        counters = self.collector.counters if self.collector else {}
+
+        def counts(rows: list[np.ndarray], scheduled: int) -> dict:
+            total = sum(rows, np.zeros(len(COUNTERS), np.int64))
+            sent, dropped = int(total[COUNTERS.index("sent")]), int(total[COUNTERS.index("dropped")])
+            return {
+                "scheduled": scheduled,
+                "sent": sent,
+                "completed": int(total[COUNTERS.index("completed")]),
+                "errors": int(sum(total[ERROR_INDEX[k]] for k in ERROR_KINDS)),
+                "dropped": dropped,
+                "late": int(total[COUNTERS.index("late")]),
+                "cancelled": int(total[COUNTERS.index("cancelled")]),
+                "not_sent": scheduled - sent - dropped,
+                "_errors": {k: int(total[ERROR_INDEX[k]]) for k in ERROR_KINDS},
+            }
+
+        measured = ~self.plan.warmup
+        requests = counts([v for (_, w), v in counters.items() if not w], int(measured.sum()))
+        by_class = {}
+        for i, name in enumerate(self.plan.class_names):
+            scheduled = int((measured & (self.plan.cls == i)).sum())
+            by_class[name] = counts([v for (n, w), v in counters.items() if n == name and not w], scheduled)
+            del by_class[name]["_errors"]
+        warmup = counts([v for (_, w), v in counters.items() if w], int(self.plan.warmup.sum()))
+        del warmup["_errors"]
+        errors = requests.pop("_errors")
+        return requests, by_class, errors, warmup
+
+    def _error_examples(self) -> dict:
+        merged: dict[str, list[str]] = {}
+        for report in self.done.values():
+            for kind, messages in report.get("error_examples", {}).items():
+                bucket = merged.setdefault(kind, [])
+                bucket.extend(m for m in messages if m not in bucket)
+        return {k: v[:5] for k, v in merged.items()}
+
+    def _executed_s(self) -> float:
+        """How much of the planned timeline was run (all of it unless cut short)."""
+        if self.t0_ns is None:
+            return 0.0
+        if self.abort_ns is None:
+            return self.plan.duration_s
+        return min(self.plan.duration_s, max(0.0, (self.abort_ns - self.t0_ns) / 1e9))
+
+    def _measured_window_s(self) -> float:
+        executed = self._executed_s()
+        return sum(
+            max(0.0, min(p.start_s + p.duration_s, executed) - p.start_s) for p in self.plan.phases if not p.warmup
+        )

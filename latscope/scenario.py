@@ -1,0 +1,1024 @@
+"""The scenario: what to hit, with what traffic, for how long.
+
+This module owns the scenario *schema* (pydantic v2 models; the engine reads their attributes) and
+everything between a YAML file and a validated `Scenario`:
+
+    read file -> parse YAML (keeping line numbers) -> --set overrides -> ${VAR} interpolation
+              -> pydantic validation -> Scenario
+
+Every problem found on the way is reported as a `ScenarioError` whose lines each name the file, the
+line, the field and what was expected, e.g.
+
+    invalid scenario scenarios/burst.yaml (1 problem):
+    scenarios/burst.yaml:33: phases[1].arrival.rate: Input should be greater than 0 (got -5)
+
+pydantic reports *where* in the data a problem is (its error `loc`), not where in the file; so the
+YAML is composed into a node tree (each node keeps its `start_mark`) and the `loc` is walked down
+that tree to find the line. Values written by `--set` have no line and say so instead.
+
+Also here: `scenario_json_schema` (for editor completion) and `redacted_yaml` (the resolved scenario
+saved next to the results, with secrets taken out). Nothing here does I/O beyond reading the file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import UnionType
+from typing import Annotated, Any, Literal, NoReturn, Sequence, Union, get_args, get_origin
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from latscope.errors import ScenarioError
+
+__all__ = [
+    "ARRIVAL_TYPES",
+    "Arrival",
+    "BurstArrival",
+    "ConstantArrival",
+    "Duration",
+    "Launch",
+    "Limits",
+    "MmppArrival",
+    "Output",
+    "Phase",
+    "PoissonArrival",
+    "RampArrival",
+    "Scenario",
+    "SpikeArrival",
+    "Slo",
+    "StepsArrival",
+    "Target",
+    "TraceArrival",
+    "Validity",
+    "Workload",
+    "WorkloadClass",
+    "apply_overrides",
+    "load_scenario",
+    "redacted_yaml",
+    "scenario_from_dict",
+    "scenario_json_schema",
+]
+
+# --------------------------------------------------------------------------------------------------
+# Durations
+# --------------------------------------------------------------------------------------------------
+
+_DURATION_HINT = "expected a duration like 30s, 2m, 500ms or a number of seconds"
+
+# Units in this order, each at most once: "1h", "2m", "1m30s", "1.5s", "250ms", "1h2m3s4ms".
+# `m(?!s)` keeps the minutes group from eating the "m" of "ms".
+_DURATION_RE = re.compile(
+    r"(?:(?P<h>\d+(?:\.\d+)?)h)?\s*"
+    r"(?:(?P<m>\d+(?:\.\d+)?)m(?!s))?\s*"
+    r"(?:(?P<s>\d+(?:\.\d+)?)s)?\s*"
+    r"(?:(?P<ms>\d+(?:\.\d+)?)ms)?"
+)
+_UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+
+
+def _parse_duration(value: Any) -> Any:
+    """Seconds as a float, from a number of seconds or a string such as "1m30s".
+
+    Numeric strings ("30") are accepted too: a value from `${VAR}` interpolation is always a string.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise PydanticCustomError("duration", _DURATION_HINT)
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            seconds = float(text)
+        except ValueError:
+            match = _DURATION_RE.fullmatch(text)
+            if not text or match is None or not any(match.groupdict().values()):
+                if text.startswith("-"):
+                    raise PydanticCustomError("duration", "a duration cannot be negative") from None
+                raise PydanticCustomError("duration", _DURATION_HINT) from None
+            seconds = sum(float(n) * _UNIT_SECONDS[unit] for unit, n in match.groupdict().items() if n)
+    else:
+        seconds = float(value)
+    if not math.isfinite(seconds):
+        raise PydanticCustomError("duration", _DURATION_HINT)
+    if seconds < 0:
+        raise PydanticCustomError("duration", "a duration cannot be negative")
+    return seconds
+
+
+Duration = Annotated[
+    float,
+    BeforeValidator(_parse_duration),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "number", "minimum": 0},
+                {"type": "string", "pattern": r"^\s*(\d+(\.\d+)?\s*(h|m|s|ms)\s*)+$|^\s*\d+(\.\d+)?\s*$"},
+            ],
+            "description": "seconds, or a string like 250ms, 30s, 2m, 1h, 1m30s",
+        }
+    ),
+]
+"""Seconds (float). Accepts a number of seconds or "250ms", "30s", "2m", "1h", "1m30s"; never negative."""
+
+PositiveDuration = Annotated[Duration, Field(gt=0)]
+Spacing = Literal["poisson", "even"]
+HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
+_NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+class _Model(BaseModel):
+    """Base of every scenario model.
+
+    extra="forbid": a misspelt field (`timout:`) is an error, not silently ignored.
+    coerce_numbers_to_str: `PORT: 8765` in an env or header mapping is meant as the string "8765".
+    allow_inf_nan=False: `.inf` is valid YAML but never a sensible rate.
+    """
+
+    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True, allow_inf_nan=False)
+
+
+def _check_http_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("expected an http:// or https:// URL with a host, like http://127.0.0.1:8000")
+    try:
+        parts.port
+    except ValueError:
+        raise ValueError("the URL's port is not a number from 0 to 65535") from None
+    return url
+
+
+def _check_method(method: str) -> str:
+    method = method.upper()
+    if method not in HTTP_METHODS:
+        raise ValueError(f"expected one of {', '.join(HTTP_METHODS)}")
+    return method
+
+
+def _check_path(path: str) -> str:
+    """A request path is appended to the URL as is, so "infer" would give "http://hostinfer"."""
+    if path and not path.startswith("/"):
+        raise ValueError(f"a path must start with '/' (write /{path})")
+    return path
+
+
+# --------------------------------------------------------------------------------------------------
+# Target
+# --------------------------------------------------------------------------------------------------
+
+
+class Launch(_Model):
+    """A target process latscope starts before the run and stops after it."""
+
+    command: str | list[str]  # a string is split with shlex when the target is launched
+    ready_url: str | None = None
+    ready_timeout: Duration = 60.0
+    env: dict[str, str] = {}
+    cwd: str | None = None  # relative to the scenario file's folder
+
+    @field_validator("command")
+    @classmethod
+    def _command_not_empty(cls, command: str | list[str]) -> str | list[str]:
+        if not (command.strip() if isinstance(command, str) else command):
+            raise ValueError("the command is empty")
+        return command
+
+    @field_validator("ready_url")
+    @classmethod
+    def _ready_url_is_http(cls, url: str | None) -> str | None:
+        return None if url is None else _check_http_url(url)
+
+
+class Target(_Model):
+    """The endpoint under test."""
+
+    url: str
+    method: str = "GET"
+    path: str = ""
+    headers: dict[str, str] = {}
+    timeout: PositiveDuration = 30.0
+    protocol: Literal["http"] = "http"
+    launch: Launch | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, url: str) -> str:
+        return _check_http_url(url)
+
+    @field_validator("method")
+    @classmethod
+    def _method(cls, method: str) -> str:
+        return _check_method(method)
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, path: str) -> str:
+        return _check_path(path)
+
+
+# --------------------------------------------------------------------------------------------------
+# Arrival processes: *when* requests are sent (see arrivals.py for the shapes)
+# --------------------------------------------------------------------------------------------------
+
+
+class ConstantArrival(_Model):
+    """Evenly spaced requests at `rate` per second."""
+
+    type: Literal["constant"] = "constant"
+    rate: float = Field(gt=0)
+
+
+class PoissonArrival(_Model):
+    """A Poisson process: exponential gaps, `rate` per second on average."""
+
+    type: Literal["poisson"] = "poisson"
+    rate: float = Field(gt=0)
+
+
+class BurstArrival(_Model):
+    """On/off: `burst_rate` for `burst_length` at the start of every `period`, `base_rate` otherwise."""
+
+    type: Literal["burst"] = "burst"
+    base_rate: float = Field(ge=0)
+    burst_rate: float = Field(gt=0)
+    burst_length: PositiveDuration
+    period: Duration
+    spacing: Spacing = "poisson"
+
+    @field_validator("period")
+    @classmethod
+    def _period_longer_than_burst(cls, period: float, info: ValidationInfo) -> float:
+        burst_length = info.data.get("burst_length")  # absent when burst_length itself was invalid
+        if burst_length is not None and period <= burst_length:
+            raise ValueError(f"period ({period:g} s) must be longer than burst_length ({burst_length:g} s)")
+        return period
+
+
+class MmppArrival(_Model):
+    """Random bursts: a 2-state Markov-modulated Poisson process (exponential state lengths)."""
+
+    type: Literal["mmpp"] = "mmpp"
+    base_rate: float = Field(ge=0)
+    burst_rate: float = Field(gt=0)
+    mean_burst_length: PositiveDuration
+    mean_gap: PositiveDuration
+
+
+class RampArrival(_Model):
+    """A linear change of rate from `from_rate` to `to_rate` over the phase."""
+
+    type: Literal["ramp"] = "ramp"
+    from_rate: float = Field(ge=0)
+    to_rate: float = Field(ge=0)
+    spacing: Spacing = "poisson"
+
+    @field_validator("to_rate")
+    @classmethod
+    def _not_both_zero(cls, to_rate: float, info: ValidationInfo) -> float:
+        if to_rate == 0 and info.data.get("from_rate") == 0:
+            raise ValueError("from_rate and to_rate cannot both be 0 (the phase would send nothing)")
+        return to_rate
+
+
+class StepsArrival(_Model):
+    """A staircase: `rates[0]` for `step`, then `rates[1]` for `step`, ..."""
+
+    type: Literal["steps"] = "steps"
+    rates: list[Annotated[float, Field(ge=0)]] = Field(min_length=1)
+    step: PositiveDuration
+    spacing: Spacing = "poisson"
+
+
+class SpikeArrival(_Model):
+    """`base_rate`, with one spike at `spike_rate` from `at` for `length`."""
+
+    type: Literal["spike"] = "spike"
+    base_rate: float = Field(ge=0)
+    spike_rate: float = Field(gt=0)
+    at: Duration
+    length: PositiveDuration
+    spacing: Spacing = "poisson"
+
+
+class TraceArrival(_Model):
+    """Arrival times replayed from a CSV file (relative paths: from the scenario's folder)."""
+
+    type: Literal["trace"] = "trace"
+    file: str = Field(min_length=1)
+    time_column: str | None = None
+    speedup: float = Field(1.0, gt=0)
+    start: Duration = 0.0  # skip the trace's first `start` seconds
+
+
+Arrival = Annotated[
+    Union[
+        ConstantArrival,
+        PoissonArrival,
+        BurstArrival,
+        MmppArrival,
+        RampArrival,
+        StepsArrival,
+        SpikeArrival,
+        TraceArrival,
+    ],
+    Field(discriminator="type"),
+]
+ARRIVAL_TYPES = tuple(m.model_fields["type"].default for m in get_args(get_args(Arrival)[0]))
+
+
+class Phase(_Model):
+    """One stretch of the run with one arrival process. Phases run one after another."""
+
+    name: str = Field(min_length=1)
+    duration: PositiveDuration | None = None  # required, except for a trace (then it truncates)
+    warmup: bool = False  # sent, but excluded from the statistics
+    arrival: Arrival
+
+    @model_validator(mode="after")
+    def _duration_required(self) -> Phase:
+        if self.duration is None and self.arrival.type != "trace":
+            raise ValueError("duration is required (only a trace phase may leave it out, and then lasts as long as the trace)")
+        return self
+
+
+# --------------------------------------------------------------------------------------------------
+# Workload: *what* each request is
+# --------------------------------------------------------------------------------------------------
+
+
+class WorkloadClass(_Model):
+    """A kind of request, drawn with probability proportional to `weight` and recorded separately.
+
+    Unset fields fall back to the target's (method, path) or the workload's (body); headers add to
+    the target's.
+    """
+
+    name: str
+    weight: float = Field(1.0, gt=0)
+    method: str | None = None
+    path: str | None = None
+    headers: dict[str, str] = {}
+    body: Any = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        # Class names become histogram tags ("latency/small") and column values.
+        if not _NAME_RE.fullmatch(name):
+            raise ValueError("a class name may use only letters, digits, '_', '.' and '-'")
+        if name == "all":
+            raise ValueError("'all' is reserved for the aggregate of all classes")
+        return name
+
+    @field_validator("method")
+    @classmethod
+    def _method(cls, method: str | None) -> str | None:
+        return None if method is None else _check_method(method)
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, path: str | None) -> str | None:
+        return None if path is None else _check_path(path)
+
+
+class Workload(_Model):
+    """Request bodies and classes. A mapping or list body is sent as JSON, a string as is."""
+
+    body: Any = None
+    content_type: str | None = None
+    classes: list[WorkloadClass] = []
+
+    @field_validator("classes")
+    @classmethod
+    def _unique_names(cls, classes: list[WorkloadClass]) -> list[WorkloadClass]:
+        _check_unique([c.name for c in classes], "class")
+        return classes
+
+    def effective_classes(self) -> list[WorkloadClass]:
+        """The classes requests are drawn from: one class named "default" when none are given."""
+        return list(self.classes) or [WorkloadClass(name="default")]
+
+
+def _check_unique(names: list[str], what: str) -> None:
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"{what} names must be unique; repeated: {', '.join(duplicates)}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Limits, SLOs, output, validity thresholds
+# --------------------------------------------------------------------------------------------------
+
+
+class Limits(_Model):
+    """Caps on the generator. Past `max_in_flight`, requests wait for a slot ("queue") or are dropped."""
+
+    max_in_flight: int = Field(10000, ge=1)
+    max_requests: int | None = Field(None, ge=1)
+    overflow: Literal["queue", "drop"] = "queue"
+
+
+class Slo(_Model):
+    """A pass/fail objective on one statistic of one metric and class, e.g. latency p99 <= 100 ms."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    metric: str = "latency"
+    class_: str = Field("all", alias="class")  # "class" is a Python keyword
+    stat: Literal["p50", "p90", "p95", "p99", "p99.9", "max", "mean"]
+    limit_ms: float = Field(gt=0)
+
+
+class Output(_Model):
+    """Where results go and how often interval statistics are taken."""
+
+    dir: str = "results"
+    interval: Annotated[Duration, Field(ge=0.1)] = 1.0
+    save_schedule: bool = True
+
+
+class Validity(_Model):
+    """Thresholds (ms, p99) on the generator's own lateness that stamp a run degraded or invalid."""
+
+    # validate_default: a default invalid_* must also be checked against a raised degraded_*.
+    degraded_send_lag_p99_ms: float = Field(1.0, gt=0)
+    invalid_send_lag_p99_ms: float = Field(10.0, gt=0, validate_default=True)
+    degraded_loop_lag_p99_ms: float = Field(5.0, gt=0)
+    invalid_loop_lag_p99_ms: float = Field(50.0, gt=0, validate_default=True)
+
+    @field_validator("invalid_send_lag_p99_ms", "invalid_loop_lag_p99_ms")
+    @classmethod
+    def _not_below_degraded(cls, value: float, info: ValidationInfo) -> float:
+        degraded_name = info.field_name.replace("invalid_", "degraded_")
+        degraded = info.data.get(degraded_name)
+        if degraded is not None and value < degraded:
+            raise ValueError(f"must be at least {degraded_name} ({degraded:g})")
+        return value
+
+
+# --------------------------------------------------------------------------------------------------
+# The scenario
+# --------------------------------------------------------------------------------------------------
+
+
+class Scenario(_Model):
+    """A latscope scenario: what to hit, with what traffic, for how long."""
+
+    name: str | None = None  # load_scenario fills in the file's stem
+    description: str = ""
+    seed: int = 0
+    target: Target
+    phases: list[Phase] = Field(min_length=1)
+    workload: Workload = Workload()
+    limits: Limits = Limits()
+    slos: list[Slo] = []
+    output: Output = Output()
+    validity: Validity = Validity()
+
+    # Set by the loader, not part of the schema. The base directory makes relative paths (trace
+    # file, launch cwd) mean "next to the scenario file" wherever latscope is started from.
+    _source: Path | None = PrivateAttr(default=None)
+    _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
+    # data path -> the string as written before ${VAR} interpolation, for redacted_yaml
+    _templates: dict[tuple[str | int, ...], str] = PrivateAttr(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str | None) -> str | None:
+        # The name becomes part of the results directory's name.
+        if name is not None and not _NAME_RE.fullmatch(name):
+            raise ValueError("a scenario name may use only letters, digits, '_', '.' and '-'")
+        return name
+
+    @field_validator("phases")
+    @classmethod
+    def _unique_phase_names(cls, phases: list[Phase]) -> list[Phase]:
+        _check_unique([p.name for p in phases], "phase")
+        return phases
+
+    @field_validator("slos")
+    @classmethod
+    def _slo_classes_exist(cls, slos: list[Slo], info: ValidationInfo) -> list[Slo]:
+        # A misspelt class would otherwise make an SLO that can never be evaluated.
+        workload = info.data.get("workload")
+        if workload is not None:
+            known = ["all", *(c.name for c in workload.effective_classes())]
+            for i, slo in enumerate(slos):
+                if slo.class_ not in known:
+                    raise ValueError(f"slos[{i}].class {slo.class_!r} is not a workload class (known: {', '.join(known)})")
+        return slos
+
+    @property
+    def source(self) -> Path | None:
+        """The file this scenario was loaded from (None when built from a dict)."""
+        return self._source
+
+    @property
+    def base_dir(self) -> Path:
+        """The folder relative paths in the scenario are resolved against."""
+        return self._base_dir
+
+    def resolve_path(self, p: str) -> Path:
+        """`p` (e.g. a trace file) as an absolute path: relative paths count from `base_dir`."""
+        path = Path(p).expanduser()
+        return path if path.is_absolute() else self._base_dir / path
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------------
+
+DataPath = tuple[str | int, ...]  # a place in the loaded data: ("phases", 0, "arrival", "rate")
+
+
+def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
+    """Read, override, interpolate and validate the scenario file at `path`.
+
+    Raises ScenarioError, one line per problem, each naming the file, line and field.
+    """
+    label = str(path)
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ScenarioError(f"scenario file not found: {label}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(f"cannot read scenario file {label}: {getattr(exc, 'strerror', None) or exc}") from None
+
+    root, data = _parse_yaml(text, label)
+    if not isinstance(data, dict):
+        found = "the file is empty" if data is None else f"found {_yaml_type(data)}"
+        raise ScenarioError(f"{label}: a scenario must be a mapping of fields (name:, target:, phases:, ...); {found}")
+    data, set_by = _apply_overrides(data, overrides)
+    if data.get("name") is None:
+        data["name"] = re.sub(r"[^A-Za-z0-9_.-]", "_", path.stem) or "scenario"
+
+    scenario = _build(data, _Origin(label, root, set_by))
+    scenario._source = path
+    scenario._base_dir = path.absolute().parent
+    return scenario
+
+
+def scenario_from_dict(data: dict, source: str = "<dict>") -> Scenario:
+    """A scenario from already-parsed data (programmatic use, tests). `source` labels error messages.
+
+    Interpolation and error messages are as for a file, without line numbers. Relative paths resolve
+    against the current directory. A missing name becomes "scenario".
+    """
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{source}: a scenario must be a mapping of fields; found {_yaml_type(data)}")
+    data = _copy_tree(data)
+    if data.get("name") is None:
+        data["name"] = "scenario"
+    return _build(data, _Origin(source))
+
+
+def _build(data: dict, origin: _Origin) -> Scenario:
+    """Interpolate and validate; shared by load_scenario and scenario_from_dict."""
+    data, templates = _interpolate(data, origin)
+    try:
+        scenario = Scenario.model_validate(data)
+    except ValidationError as exc:
+        _raise_problems(origin, _validation_problems(exc, data, origin, templates))
+    scenario._templates = templates
+    return scenario
+
+
+# ---- YAML -----------------------------------------------------------------------------------------
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that keeps dates as strings: `name: 2024-06-01` is a name, and a date object in a
+    request body could not be sent as JSON."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+def _parse_yaml(text: str, label: str) -> tuple[yaml.Node | None, Any]:
+    """The node tree (for line numbers) and the data built from it, from one parse."""
+    loader = _Loader(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            return None, None
+        _check_duplicate_keys(root, label)
+        return root, loader.construct_document(root)
+    except yaml.MarkedYAMLError as exc:
+        raise ScenarioError(_yaml_error_message(exc, label)) from None
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"{label}: invalid YAML: {exc}") from None
+    finally:
+        loader.dispose()
+
+
+def _yaml_error_message(exc: yaml.MarkedYAMLError, label: str) -> str:
+    mark = exc.problem_mark or exc.context_mark
+    where = f"{label}:{mark.line + 1}:{mark.column + 1}" if mark else label
+    message = exc.problem or exc.context or "cannot parse"
+    if exc.context and exc.problem:
+        started = f" started at line {exc.context_mark.line + 1}" if exc.context_mark else ""
+        message += f" ({exc.context}{started})"
+    if "\\t" in message or "\t" in message:
+        message += "; YAML indentation must use spaces, not tabs"
+    return f"{where}: invalid YAML: {message}"
+
+
+def _check_duplicate_keys(node: yaml.Node, label: str, seen: set[int] | None = None) -> None:
+    """PyYAML silently keeps the last of two equal keys; a second `phases:` is almost always a mistake."""
+    seen = set() if seen is None else seen
+    if id(node) in seen:  # an alias: already checked
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        first_line: dict[str, int] = {}
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                line = key.start_mark.line + 1
+                if key.value in first_line:
+                    raise ScenarioError(f"{label}:{line}: duplicate key {key.value!r} (first at line {first_line[key.value]})")
+                first_line[key.value] = line
+            _check_duplicate_keys(value, label, seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _check_duplicate_keys(item, label, seen)
+
+
+def _yaml_type(value: Any) -> str:
+    return {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _copy_tree(value: Any) -> Any:
+    """A copy of nested dicts and lists. Unlike deepcopy it does not keep YAML aliases shared, so
+    `--set` on one alias does not change the other."""
+    if isinstance(value, dict):
+        return {k: _copy_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy_tree(v) for v in value]
+    return value
+
+
+# ---- --set overrides ------------------------------------------------------------------------------
+
+
+def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
+    """A copy of `data` with each `key.path=value` override applied, in order.
+
+    Paths are dotted, with integer indices for lists (`phases.0.arrival.rate=50`). The value is read
+    as YAML, so `50` is an int, `true` a bool, `[1, 2]` a list and `null` None. Missing mapping keys
+    are created; an index out of range or a path through a scalar is a ScenarioError.
+    """
+    return _apply_overrides(data, overrides)[0]
+
+
+def _apply_overrides(data: dict, overrides: Sequence[str]) -> tuple[dict, dict[DataPath, str]]:
+    """apply_overrides, also returning which data path each override wrote (for error messages)."""
+    data = _copy_tree(data)
+    set_by: dict[DataPath, str] = {}
+    for override in overrides:
+        key, eq, raw = override.partition("=")
+        if not eq or not key.strip():
+            raise ScenarioError(f"--set {override!r}: expected key.path=value, e.g. phases.0.arrival.rate=50")
+        try:
+            value = yaml.load(raw, Loader=_Loader)
+        except yaml.YAMLError as exc:
+            problem = getattr(exc, "problem", None) or exc
+            raise ScenarioError(f"--set {override!r}: the value is not valid YAML ({problem}); quote it") from None
+        path = _set_path(data, key.strip(), value, override)
+        # A later override of a parent replaces what earlier ones wrote below it.
+        set_by = {p: o for p, o in set_by.items() if p[: len(path)] != path}
+        set_by[path] = override
+    return data, set_by
+
+
+def _set_path(data: dict, key: str, value: Any, override: str) -> DataPath:
+    parts = key.split(".")
+    if any(not part for part in parts):
+        raise ScenarioError(f"--set {override!r}: empty component in the key path {key!r}")
+    node: Any = data
+    path: list[str | int] = []
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        where = ".".join(parts[:i]) or "the scenario"
+        if isinstance(node, dict):
+            step: str | int = part
+            if last:
+                node[step] = value
+            elif not isinstance(node.get(step), (dict, list)):
+                if node.get(step) is not None:
+                    raise ScenarioError(f"--set {override!r}: {'.'.join(parts[: i + 1])} is {_yaml_type(node[step])}, not a mapping or list")
+                node[step] = {}  # create the missing mapping
+        elif isinstance(node, list):
+            if not re.fullmatch(r"\d+", part):
+                raise ScenarioError(f"--set {override!r}: {where} is a list; expected an index, not {part!r}")
+            step = int(part)
+            if step >= len(node):
+                raise ScenarioError(f"--set {override!r}: index {step} is out of range ({where} has {len(node)} item{'s' * (len(node) != 1)})")
+            if last:
+                node[step] = value
+        else:
+            raise ScenarioError(f"--set {override!r}: {where} is {_yaml_type(node)}, not a mapping or list")
+        path.append(step)
+        if not last:
+            node = node[step]
+    return tuple(path)
+
+
+# ---- ${VAR} interpolation -------------------------------------------------------------------------
+
+# `$${` is a literal `${`; a `${` matching neither form is reported rather than sent as is.
+_REFERENCE = re.compile(r"\$\$\{|\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}|\$\{")
+
+
+def _interpolate(data: Any, origin: _Origin) -> tuple[Any, dict[DataPath, str]]:
+    """A copy of `data` with `${VAR}` and `${VAR:-default}` replaced from the environment in every
+    string, and the original of each string that changed (keyed by data path)."""
+    templates: dict[DataPath, str] = {}
+    problems: list[tuple[DataPath, str]] = []
+
+    def substitute(text: str, path: DataPath) -> str:
+        def one(match: re.Match) -> str:
+            if match.group(0) == "$${":
+                return "${"
+            name = match.group("name")
+            if name is None:
+                problems.append((path, "malformed ${...}: expected ${NAME} or ${NAME:-default} (write $${ for a literal ${)"))
+                return match.group(0)
+            value = os.environ.get(name)
+            if value is None or (value == "" and match.group("default") is not None):
+                if match.group("default") is not None:
+                    return match.group("default")
+                problems.append((path, f"environment variable {name} is not set (write ${{{name}:-default}} to give it a default)"))
+                return match.group(0)
+            return value
+
+        result = _REFERENCE.sub(one, text)
+        if result != text:
+            templates[path] = text
+        return result
+
+    def walk(value: Any, path: DataPath) -> Any:
+        if isinstance(value, str):
+            return substitute(value, path) if "${" in value else value
+        if isinstance(value, dict):
+            return {k: walk(v, (*path, k)) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v, (*path, i)) for i, v in enumerate(value)]
+        return value
+
+    data = walk(data, ())
+    if problems:
+        _raise_problems(origin, [origin.problem(path, message) for path, message in problems])
+    return data, templates
+
+
+# ---- error messages that point into the file ------------------------------------------------------
+
+
+@dataclass
+class _Origin:
+    """Where a scenario's values came from: enough to point a problem at a line or a --set."""
+
+    label: str  # the file as the user named it, or scenario_from_dict's `source`
+    root: yaml.Node | None = None  # the composed YAML (None when built from a dict)
+    set_by: dict[DataPath, str] = field(default_factory=dict)  # data path -> the --set that wrote it
+
+    def problem(self, path: DataPath, message: str) -> tuple[float, str]:
+        """(sort key, message line): "file:LINE: dotted.path: message"."""
+        # The value was written by a --set, or by one at or below `path` where the file has nothing.
+        override = next((self.set_by[path[:n]] for n in range(len(path), 0, -1) if path[:n] in self.set_by), None)
+        line, found = (None, False) if override or self.root is None else _line_of(self.root, path)
+        if override is None and not found:
+            override = next((o for p, o in self.set_by.items() if p[: len(path)] == path), None)
+        if override:
+            where = f"{self.label} (from --set {override})"
+        else:
+            where = f"{self.label}:{line}" if line else self.label
+        dotted = _dotted(path)
+        return (line if line else math.inf), f"{where}: {dotted + ': ' if dotted else ''}{message}"
+
+
+def _raise_problems(origin: _Origin, problems: list[tuple[float, str]]) -> NoReturn:
+    lines = list(dict.fromkeys(message for _, message in sorted(problems, key=lambda p: p[0])))
+    header = f"invalid scenario {origin.label} ({len(lines)} problem{'s' * (len(lines) != 1)}):"
+    raise ScenarioError("\n".join([header, *lines]))
+
+
+def _dotted(path: DataPath) -> str:
+    """("phases", 1, "arrival", "rate") -> "phases[1].arrival.rate"."""
+    text = ""
+    for item in path:
+        text += f"[{item}]" if isinstance(item, int) else (f".{item}" if text else str(item))
+    return text
+
+
+def _line_of(root: yaml.Node, path: DataPath) -> tuple[int, bool]:
+    """The 1-based line of the deepest part of `path` found in the YAML tree, and whether all of
+    `path` was found.
+
+    A mapping key's own line is used (so `timout:` points at itself and a block value at its key);
+    a part that is not there (a missing field) leaves the line of its parent.
+    """
+    node, line = root, root.start_mark.line + 1
+    for item in path:
+        if isinstance(node, yaml.MappingNode):
+            pair = next(((k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == str(item)), None)
+            if pair is None:
+                return line, False
+            line, node = pair[0].start_mark.line + 1, pair[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(item, int) and item < len(node.value):
+            node = node.value[item]
+            line = node.start_mark.line + 1
+        else:
+            return line, False
+    return line, True
+
+
+def _data_path(data: Any, loc: tuple[str | int, ...]) -> DataPath:
+    """pydantic's error `loc` as a path into the data.
+
+    pydantic puts union member tags in `loc`: the discriminator value ('phases', 0, 'arrival',
+    'poisson', 'rate'), or a type for plain unions ('command', 'list[str]', 1). Those are not in
+    the data and are dropped; a last item that is not in the data is a missing field and is kept.
+    """
+    path: list[str | int] = []
+    node = data
+    for i, item in enumerate(loc):
+        if isinstance(node, dict) and item in node:
+            path.append(item)
+            node = node[item]
+        elif isinstance(node, list) and isinstance(item, int) and 0 <= item < len(node):
+            path.append(item)
+            node = node[item]
+        elif isinstance(node, dict) and i == len(loc) - 1 and item != node.get("type"):
+            path.append(item)  # a missing field
+            node = None
+        # else: a union tag
+    return tuple(path)
+
+
+def _validation_problems(exc: ValidationError, data: dict, origin: _Origin, templates: dict[DataPath, str]) -> list[tuple[float, str]]:
+    """One message line per pydantic error, rewritten where pydantic's own text is unhelpful."""
+    problems = []
+    for error in exc.errors(include_url=False):
+        path = _data_path(data, error["loc"])
+        kind, message = error["type"], error["msg"]
+        show_input = kind != "missing"
+        if kind == "missing":
+            message = "required field is missing"
+        elif kind == "extra_forbidden":
+            allowed = _allowed_fields(error["loc"][:-1])
+            close = difflib.get_close_matches(str(path[-1]), allowed, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            message = f"unknown field ({hint}allowed: {', '.join(allowed)})"
+            show_input = False
+        elif kind in ("union_tag_invalid", "union_tag_not_found"):
+            expected = ", ".join(re.findall(r"'([^']*)'", error.get("ctx", {}).get("expected_tags", ""))) or ", ".join(ARRIVAL_TYPES)
+            if kind == "union_tag_invalid":
+                path = (*path, "type")
+                message = f"unknown type {error['ctx']['tag']!r} (allowed: {expected})"
+            else:
+                message = f"missing 'type' (one of: {expected})"
+            show_input = False
+        elif kind == "value_error":
+            message = message.removeprefix("Value error, ")
+        if show_input and not isinstance(error["input"], (dict, list)):
+            message += f" (got {_show(error['input'], path, templates)})"
+        problems.append(origin.problem(path, message))
+    return problems
+
+
+def _allowed_fields(loc: tuple[str | int, ...]) -> list[str]:
+    """The field names (aliases) of the model that pydantic's `loc` points into, following model
+    fields, list items, dict values and union tags from Scenario down."""
+    tp: Any = Scenario
+    for item in loc:
+        tp = _unwrap(tp)
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            tp = next((f.annotation for name, f in tp.model_fields.items() if (f.alias or name) == item), None)
+        elif get_origin(tp) is list:
+            tp = get_args(tp)[0]
+        elif get_origin(tp) is dict:
+            tp = get_args(tp)[1]
+        elif get_origin(tp) in (Union, UnionType):  # a discriminated union: `item` is the tag
+            tp = next((m for m in get_args(tp) if _type_tag(m) == item), None)
+        else:
+            return []
+    tp = _unwrap(tp)
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return [f.alias or name for name, f in tp.model_fields.items()]
+    return []
+
+
+def _type_tag(model: Any) -> str | None:
+    """The `type` literal of an arrival model; None for anything else."""
+    type_field = getattr(model, "model_fields", {}).get("type")
+    return type_field.default if type_field else None
+
+
+def _unwrap(tp: Any) -> Any:
+    """Annotated[X, ...] -> X and X | None -> X."""
+    while True:
+        if get_origin(tp) is Annotated:
+            tp = get_args(tp)[0]
+        elif get_origin(tp) in (Union, UnionType) and type(None) in get_args(tp):
+            rest = [a for a in get_args(tp) if a is not type(None)]
+            tp = rest[0] if len(rest) == 1 else Union[tuple(rest)]
+        else:
+            return tp
+
+
+def _show(value: Any, path: DataPath, templates: dict[DataPath, str]) -> str:
+    """A rejected value for an error message, without leaking secrets."""
+    if path in templates:
+        shown = "<redacted>" if _is_secret_path(path) else _redact_url(str(value))
+        return f"{templates[path]} = {shown!r}"
+    if isinstance(value, str):
+        text = "<redacted>" if _is_secret_path(path) else _redact_url(value)
+        return repr(text if len(text) <= 80 else text[:77] + "...")
+    if value is None or isinstance(value, bool):
+        return "null" if value is None else str(value).lower()  # as YAML writes them
+    return repr(value)
+
+
+# --------------------------------------------------------------------------------------------------
+# JSON Schema and the redacted dump
+# --------------------------------------------------------------------------------------------------
+
+
+def scenario_json_schema() -> dict:
+    """JSON Schema of a scenario file, for editor completion and validation (`latscope schema`)."""
+    schema = Scenario.model_json_schema(by_alias=True)
+    schema.pop("title", None)
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "latscope scenario", **schema}
+
+
+_REDACTED = "<redacted>"
+_SECRET_NAME = re.compile(r"authorization|api[-_]?key|token|cookie|secret|passw(or)?d|credential", re.IGNORECASE)
+_URL_PASSWORD = re.compile(r"(?P<user>://[^/@:\s]*:)(?P<password>[^/@\s]+)@")
+_QUERY_PARAM = re.compile(r"(?P<key>[?&][^=&#\s]*=)(?P<value>[^&#\s]*)")
+
+
+def _is_secret_path(path: DataPath) -> bool:
+    """A value in a header or launch env mapping whose name looks like a credential."""
+    secret_maps = (("target", "headers"), ("target", "launch", "env"))
+    in_map = path[:-1] in secret_maps or (len(path) == 5 and path[:2] == ("workload", "classes") and path[3] == "headers")
+    return in_map and bool(_SECRET_NAME.search(str(path[-1])))
+
+
+def _redact_url(text: str) -> str:
+    """The password of a URL's userinfo, and query parameters named like credentials, redacted."""
+    text = _URL_PASSWORD.sub(lambda m: f"{m['user']}{_REDACTED}@", text)
+    return _QUERY_PARAM.sub(lambda m: m["key"] + (_REDACTED if _SECRET_NAME.search(m["key"]) and m["value"] else m["value"]), text)
+
+
+def redacted_yaml(scenario: Scenario) -> str:
+    """The resolved scenario (defaults filled in, overrides applied) as YAML, safe to share.
+
+    Values that came from `${VAR}` are written back as written (`Bearer ${API_KEY}`), so the
+    environment's secrets never reach the results and the file still works with the same
+    environment. Credential-like header and env values written literally become "<redacted>", and
+    URL passwords too. Secrets elsewhere (say, in `launch.command`) are not detected.
+    """
+    data = scenario.model_dump(mode="json", by_alias=True)
+    templates = scenario._templates
+
+    def visit(value: Any, path: DataPath) -> Any:
+        if path in templates:
+            value = templates[path]
+            if _is_secret_path(path):  # a template's default may be a literal secret
+                value = re.sub(r"(\$\{[A-Za-z_][A-Za-z0-9_]*:-)[^}]+\}", rf"\g<1>{_REDACTED}}}", value)
+        elif _is_secret_path(path) and isinstance(value, str):
+            value = _REDACTED
+        if isinstance(value, str) and path in (("target", "url"), ("target", "launch", "ready_url")):
+            value = _redact_url(value)
+        if isinstance(value, dict):
+            return {k: visit(v, (*path, k)) for k, v in value.items()}
+        if isinstance(value, list):
+            return [visit(v, (*path, i)) for i, v in enumerate(value)]
+        return value
+
+    header = f"# latscope scenario, resolved from {scenario.source or 'a dict'}; relative paths are relative to {scenario.base_dir}\n"
+    return header + yaml.safe_dump(visit(data, ()), sort_keys=False, allow_unicode=True, width=100)

@@ -1,0 +1,78 @@
+"""Fixtures: real HTTP servers on free loopback ports, and scenarios that point at them."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+from aiohttp import web
+
+from latscope.builtin_target import make_app
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def serve(app: web.Application) -> Iterator[str]:
+    """Serve `app` on 127.0.0.1 from a background thread with its own event loop; yields the base URL."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    runner = web.AppRunner(app, access_log=None)
+
+    async def start() -> int:
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        return site._server.sockets[0].getsockname()[1]
+
+    port = asyncio.run_coroutine_threadsafe(start(), loop).result(10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+@pytest.fixture
+def target() -> Iterator[Callable[..., str]]:
+    """Factory: target(delay_ms=1, freeze_every=0, freeze_for=0) starts a built-in target and returns its URL."""
+    with_stack: list = []
+
+    def start(**kwargs) -> str:
+        cm = serve(make_app(**kwargs))
+        with_stack.append(cm)
+        return cm.__enter__()
+
+    yield start
+    for cm in reversed(with_stack):
+        cm.__exit__(None, None, None)
+
+
+def scenario_dict(url: str, tmp_path: Path, phases: list[dict], **extra) -> dict:
+    """A minimal scenario for `url` writing its results under tmp_path."""
+    data = {
+        "name": "test",
+        "seed": 1,
+        "target": {"url": url, "method": "POST", "path": "/infer", "timeout": 5},
+        "workload": {"body": {"inputs": [1, 2, 3]}},
+        "phases": phases,
+        "output": {"dir": str(tmp_path / "results")},
+    }
+    for key, value in extra.items():
+        data[key] = value
+    return data

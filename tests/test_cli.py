@@ -1,0 +1,88 @@
+"""The command line: exit codes and messages, through real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from conftest import REPO, scenario_dict
+
+LATSCOPE = [sys.executable, "-m", "latscope.cli"]
+
+
+def latscope(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([*LATSCOPE, *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "scenario.yaml"
+    path.write_text(text)
+    return path
+
+
+GOOD = """\
+name: t
+target:
+  url: http://127.0.0.1:9
+phases:
+  - name: p
+    duration: 1
+    arrival: {type: constant, rate: 5}
+"""
+
+
+def test_unknown_field_exits_2_naming_line_and_field(tmp_path):
+    path = write(tmp_path, GOOD.replace("  url: http://127.0.0.1:9\n", "  url: http://127.0.0.1:9\n  timout: 3\n"))
+    r = latscope("run", str(path))
+    assert r.returncode == 2
+    assert f"{path}:4" in r.stderr and "target.timout" in r.stderr
+
+
+def test_negative_rate_exits_2_naming_line_and_field(tmp_path):
+    path = write(tmp_path, GOOD.replace("rate: 5", "rate: -5"))
+    r = latscope("run", str(path))
+    assert r.returncode == 2
+    assert f"{path}:7" in r.stderr and "phases[0].arrival.rate" in r.stderr
+
+
+def test_bad_yaml_exits_2_naming_line(tmp_path):
+    path = write(tmp_path, GOOD.replace("{type: constant, rate: 5}", "{type: constant, rate: 5"))
+    r = latscope("validate", str(path))
+    assert r.returncode == 2
+    assert str(path) in r.stderr
+
+
+def test_missing_file_and_bad_set_exit_2(tmp_path):
+    assert latscope("run", str(tmp_path / "nope.yaml")).returncode == 2
+    path = write(tmp_path, GOOD)
+    r = latscope("validate", str(path), "--set", "phases.0.arrival.rate=-1")
+    assert r.returncode == 2 and "--set" in r.stderr
+
+
+def test_validate_prints_the_plan(tmp_path):
+    r = latscope("validate", str(write(tmp_path, GOOD)))
+    assert r.returncode == 0, r.stderr
+    assert "5 requests" in r.stdout
+
+
+def test_schema_is_json_schema():
+    r = latscope("schema")
+    schema = json.loads(r.stdout)
+    assert "phases" in schema["properties"]
+
+
+def test_run_prints_summary_and_exits_0(target, tmp_path):
+    url = target(delay_ms=1)
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(scenario_dict(url, tmp_path, [{"name": "p", "duration": 1, "arrival": {"type": "constant", "rate": 20}}],
+                                                 slos=[{"metric": "latency", "stat": "p99", "limit_ms": 1000}])))
+    r = latscope("run", str(path), "--workers", "1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "latency" in r.stdout and "SLO PASS latency/all p99_ms" in r.stdout
+    assert "measurement: " in r.stdout
+    run_dir = next((tmp_path / "results").glob("test-*"))
+    assert json.loads((run_dir / "summary.json").read_text())["slo"][0]["passed"] is True

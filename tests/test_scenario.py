@@ -1,0 +1,465 @@
+"""The scenario schema and loader: defaults, durations, overrides, interpolation, redaction, and
+error messages that name the file, the line and the field."""
+
+from __future__ import annotations
+
+import pickle
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from latscope.errors import ScenarioError
+from latscope.scenario import (
+    ARRIVAL_TYPES,
+    BurstArrival,
+    Scenario,
+    Slo,
+    WorkloadClass,
+    apply_overrides,
+    load_scenario,
+    redacted_yaml,
+    scenario_from_dict,
+    scenario_json_schema,
+)
+
+MINIMAL = """\
+name: t
+target:
+  url: http://127.0.0.1:9
+phases:
+  - name: p
+    duration: 1
+    arrival: {type: constant, rate: 5}
+"""
+
+FULL = """\
+description: every arrival type
+seed: 42
+target:
+  url: https://example.com:8443
+  method: post
+  path: /v1/infer
+  headers: {X-Request-Source: latscope}
+  timeout: 250ms
+  launch:
+    command: [python, -m, latscope.builtin_target]
+    ready_url: http://127.0.0.1:8765/health
+    env: {PORT: 8765}
+    cwd: server
+workload:
+  body: {inputs: hello}
+  content_type: application/json
+  classes:
+    - {name: small, weight: 3}
+    - {name: large, path: /v1/large, headers: {X-Size: large}, body: "big"}
+phases:
+  - {name: constant, duration: 5, warmup: true, arrival: {type: constant, rate: 10}}
+  - {name: poisson, duration: 1m30s, arrival: {type: poisson, rate: 2.5}}
+  - name: burst
+    duration: 1h
+    arrival: {type: burst, base_rate: 0, burst_rate: 400, burst_length: 1.5s, period: 10s, spacing: even}
+  - {name: mmpp, duration: 2m, arrival: {type: mmpp, base_rate: 5, burst_rate: 50, mean_burst_length: 500ms, mean_gap: 3s}}
+  - {name: ramp, duration: 30s, arrival: {type: ramp, from_rate: 0, to_rate: 100}}
+  - {name: steps, duration: 30s, arrival: {type: steps, rates: [1, 2, 0], step: 10s}}
+  - {name: spike, duration: 30s, arrival: {type: spike, base_rate: 1, spike_rate: 100, at: 0, length: 2s}}
+  - {name: trace, arrival: {type: trace, file: data/trace.csv, speedup: 10, start: 1m}}
+slos:
+  - {class: small, stat: p99.9, limit_ms: 100}
+  - {stat: max, limit_ms: 1000, metric: service_time}
+limits: {max_in_flight: 5, max_requests: 1000, overflow: drop}
+output: {dir: out, interval: 500ms, save_schedule: false}
+validity: {degraded_send_lag_p99_ms: 2, invalid_send_lag_p99_ms: 20}
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "scenario.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def error_of(path: Path, overrides: tuple[str, ...] = ()) -> str:
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(path, overrides)
+    return str(info.value)
+
+
+# ---- a valid scenario ------------------------------------------------------------------------------
+
+
+def test_full_scenario_with_every_arrival_type_loads(tmp_path):
+    path = write(tmp_path, FULL, name="every-type.yaml")
+    s = load_scenario(path)
+
+    assert s.name == "every-type"  # no name: the file's stem
+    assert s.source == path and s.base_dir == tmp_path.absolute()
+    assert s.resolve_path(s.phases[-1].arrival.file) == tmp_path.absolute() / "data" / "trace.csv"
+    assert s.resolve_path("/abs/x.csv") == Path("/abs/x.csv")
+    assert [p.arrival.type for p in s.phases] == list(ARRIVAL_TYPES)
+
+    t = s.target
+    assert (t.method, t.timeout, t.protocol) == ("POST", 0.25, "http")
+    assert t.launch.command == ["python", "-m", "latscope.builtin_target"]
+    assert t.launch.env == {"PORT": "8765"} and t.launch.ready_timeout == 60.0
+
+    durations = [p.duration for p in s.phases]
+    assert durations == [5.0, 90.0, 3600.0, 120.0, 30.0, 30.0, 30.0, None]
+    assert isinstance(durations[0], float)
+    burst = s.phases[2].arrival
+    assert isinstance(burst, BurstArrival) and (burst.burst_length, burst.period, burst.spacing) == (1.5, 10.0, "even")
+    assert s.phases[3].arrival.mean_burst_length == 0.5
+    assert s.phases[4].arrival.spacing == "poisson"
+    assert s.phases[7].arrival.start == 60.0 and s.phases[7].arrival.time_column is None
+
+    assert [c.name for c in s.workload.effective_classes()] == ["small", "large"]
+    assert s.workload.classes[0].weight == 3.0 and s.workload.classes[0].body is None
+    assert s.slos[0].class_ == "small" and s.slos[1].class_ == "all" and s.slos[1].metric == "service_time"
+    assert (s.limits.max_in_flight, s.limits.max_requests, s.limits.overflow) == (5, 1000, "drop")
+    assert (s.output.dir, s.output.interval, s.output.save_schedule) == ("out", 0.5, False)
+    assert s.validity.invalid_loop_lag_p99_ms == 50.0 and s.validity.degraded_send_lag_p99_ms == 2.0
+    # Workers receive the scenario pickled; the private attributes must survive.
+    assert pickle.loads(pickle.dumps(s)).base_dir == s.base_dir
+
+
+def test_defaults_are_filled_in(tmp_path):
+    s = load_scenario(write(tmp_path, MINIMAL))
+    assert s.name == "t" and s.description == "" and s.seed == 0
+    assert (s.target.method, s.target.path, s.target.headers, s.target.timeout, s.target.launch) == ("GET", "", {}, 30.0, None)
+    assert s.phases[0].warmup is False and s.phases[0].duration == 1.0
+    assert (s.limits.max_in_flight, s.limits.max_requests, s.limits.overflow) == (10000, None, "queue")
+    assert (s.output.dir, s.output.interval, s.output.save_schedule) == ("results", 1.0, True)
+    assert s.validity.invalid_send_lag_p99_ms == 10.0 and s.slos == []
+    assert s.workload.effective_classes() == [WorkloadClass(name="default")]
+    assert s.workload.classes == []
+
+
+@pytest.mark.parametrize(
+    ("written", "seconds"),
+    [(5, 5.0), (0.5, 0.5), ("250ms", 0.25), ("30s", 30.0), ("2m", 120.0), ("1h", 3600.0),
+     ("1.5s", 1.5), ("1m30s", 90.0), ("1h2m3s4ms", 3723.004), ("10", 10.0)],
+)
+def test_durations_parse(written, seconds):
+    data = yaml.safe_load(MINIMAL)
+    data["phases"][0]["duration"] = written
+    assert scenario_from_dict(data).phases[0].duration == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(("written", "expected"), [("-5s", "cannot be negative"), (-1, "cannot be negative"),
+                                                    ("5 parsecs", "expected a duration like 30s"),
+                                                    ("s", "expected a duration"), (True, "expected a duration")])
+def test_bad_durations_are_rejected(written, expected):
+    data = yaml.safe_load(MINIMAL)
+    data["target"]["timeout"] = written
+    with pytest.raises(ScenarioError, match=expected):
+        scenario_from_dict(data, source="mine")
+
+
+def test_slo_class_alias_works_both_ways():
+    assert Slo.model_validate({"class": "x", "stat": "p99", "limit_ms": 1}).class_ == "x"
+    assert Slo(class_="y", stat="p50", limit_ms=1).class_ == "y"
+    assert Slo(stat="p50", limit_ms=1).model_dump(by_alias=True)["class"] == "all"
+
+
+def test_scenario_from_dict_resolves_paths_from_the_cwd_and_does_not_touch_its_input(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    data = yaml.safe_load(MINIMAL)
+    del data["name"]
+    s = scenario_from_dict(data)
+    assert s.source is None and s.base_dir == tmp_path and s.name == "scenario"
+    assert "name" not in data
+
+
+# ---- errors name the file, the line and the field ---------------------------------------------------
+
+
+def test_unknown_field_names_file_line_path_and_allowed_fields(tmp_path):
+    path = write(tmp_path, MINIMAL.replace("  url: http://127.0.0.1:9\n", "  url: http://127.0.0.1:9\n  timout: 3\n"))
+    message = error_of(path)
+    assert message.startswith(f"invalid scenario {path} (1 problem):\n")
+    assert (f"{path}:4: target.timout: unknown field (did you mean 'timeout'? "
+            "allowed: url, method, path, headers, timeout, protocol, launch)") in message
+
+
+def test_unknown_field_in_an_arrival_lists_that_arrivals_fields(tmp_path):
+    path = write(tmp_path, MINIMAL.replace("{type: constant, rate: 5}", "\n      type: poisson\n      rate: 5\n      burst: 3"))
+    assert f"{path}:10: phases[0].arrival.burst: unknown field (allowed: type, rate)" in error_of(path)
+
+
+def test_negative_rate_names_the_line_of_the_rate_key(tmp_path):
+    text = MINIMAL.replace("    arrival: {type: constant, rate: 5}\n", "    arrival:\n      type: constant\n\n      rate: -5\n")
+    path = write(tmp_path, text)
+    assert f"{path}:10: phases[0].arrival.rate: Input should be greater than 0 (got -5)" in error_of(path)
+
+
+def test_every_problem_is_reported_once_in_file_order(tmp_path):
+    text = MINIMAL.replace("rate: 5", "rate: 0") + "limits: {max_in_flight: 0, overflow: spill}\n"
+    text = text.replace("url: http://127.0.0.1:9", "url: ftp://127.0.0.1:9")
+    message = error_of(write(tmp_path, text))
+    lines = message.splitlines()
+    assert "(4 problems)" in lines[0] and len(lines) == 5
+    assert [re.match(r".*?:(\d+):", line).group(1) for line in lines[1:]] == ["3", "7", "8", "8"]
+    assert "target.url: expected an http:// or https:// URL with a host" in lines[1]
+    assert "limits.overflow: Input should be 'queue' or 'drop' (got 'spill')" in lines[4]
+
+
+def test_unknown_arrival_type_names_allowed_types_and_line(tmp_path):
+    path = write(tmp_path, MINIMAL.replace("type: constant", "type: exponential"))
+    message = error_of(path)
+    assert (f"{path}:7: phases[0].arrival.type: unknown type 'exponential' "
+            "(allowed: constant, poisson, burst, mmpp, ramp, steps, spike, trace)") in message
+
+
+def test_missing_arrival_type_is_explained(tmp_path):
+    path = write(tmp_path, MINIMAL.replace("type: constant, ", ""))
+    assert f"{path}:7: phases[0].arrival: missing 'type' (one of: constant, poisson," in error_of(path)
+
+
+@pytest.mark.parametrize(
+    ("broken", "line"),
+    [("  url: http://127.0.0.1:9\n", "\turl: http://127.0.0.1:9\n"),  # a tab
+     ("{type: constant, rate: 5}", "{type: constant, rate: 5")],  # an unclosed bracket
+)
+def test_bad_yaml_names_file_line_and_column(tmp_path, broken, line):
+    path = write(tmp_path, MINIMAL.replace(broken, line))
+    message = error_of(path)
+    assert re.match(rf"{re.escape(str(path))}:\d+:\d+: invalid YAML: ", message), message
+    if "\t" in line:
+        assert message.startswith(f"{path}:3:1:") and "tabs" in message
+    else:
+        assert "expected ',' or '}'" in message and "flow mapping started at line 7" in message
+
+
+def test_missing_file_duplicate_keys_and_non_mapping_documents(tmp_path):
+    assert f"scenario file not found: {tmp_path / 'nope.yaml'}" in error_of(tmp_path / "nope.yaml")
+    dup = write(tmp_path, MINIMAL + "target: {url: http://x}\n", "dup.yaml")
+    assert error_of(dup) == f"{dup}:8: duplicate key 'target' (first at line 2)"
+    assert "must be a mapping" in error_of(write(tmp_path, "- a\n- b\n", "list.yaml"))
+    assert "the file is empty" in error_of(write(tmp_path, "# nothing\n", "empty.yaml"))
+
+
+def test_missing_required_field_names_the_parents_line(tmp_path):
+    path = write(tmp_path, "# a comment\n" + MINIMAL.replace("  url: http://127.0.0.1:9\n", "  method: get\n"))
+    assert f"{path}:3: target.url: required field is missing" in error_of(path)
+
+
+def test_errors_from_a_dict_have_no_line():
+    data = yaml.safe_load(MINIMAL)
+    data["phases"][0]["arrival"]["rate"] = -1
+    with pytest.raises(ScenarioError) as info:
+        scenario_from_dict(data, source="api")
+    assert str(info.value).splitlines()[1] == "api: phases[0].arrival.rate: Input should be greater than 0 (got -1)"
+
+
+# ---- ${VAR} interpolation and the redacted dump -----------------------------------------------------
+
+SECRETS = """\
+name: secrets
+target:
+  url: http://bob:hunter2@127.0.0.1:9/v1?api_key=k3y&model=m
+  headers:
+    Authorization: "Bearer ${API_KEY}"
+    X-Model: "${MODEL:-llama}"
+    Cookie: session=literal-cookie
+  launch:
+    command: ["${PYTHON:-python3}", -m, server]
+    env: {HF_TOKEN: plain-token, PORT: "${PORT:-8000}"}
+workload:
+  classes:
+    - {name: a, headers: {X-Api-Key: literal-class-key}}
+phases:
+  - name: p
+    duration: ${DURATION}
+    arrival: {type: poisson, rate: "${RATE:-5}"}
+"""
+
+
+def test_interpolation_with_defaults_and_the_redacted_dump(tmp_path, monkeypatch):
+    monkeypatch.setenv("API_KEY", "sk-very-secret")
+    monkeypatch.setenv("DURATION", "2m")
+    monkeypatch.setenv("RATE", "")  # set but empty: ${RATE:-5} takes the default, as in a shell
+    monkeypatch.delenv("MODEL", raising=False)
+    monkeypatch.delenv("PORT", raising=False)
+    s = load_scenario(write(tmp_path, SECRETS))
+
+    assert s.target.headers == {"Authorization": "Bearer sk-very-secret", "X-Model": "llama", "Cookie": "session=literal-cookie"}
+    assert s.phases[0].duration == 120.0 and s.phases[0].arrival.rate == 5.0
+    assert s.target.launch.env["PORT"] == "8000"
+
+    dump = redacted_yaml(s)
+    for secret in ("sk-very-secret", "hunter2", "k3y", "literal-cookie", "plain-token", "literal-class-key"):
+        assert secret not in dump
+    resolved = yaml.safe_load(dump)
+    headers = resolved["target"]["headers"]
+    assert headers == {"Authorization": "Bearer ${API_KEY}", "X-Model": "${MODEL:-llama}", "Cookie": "<redacted>"}
+    assert resolved["target"]["url"] == "http://bob:<redacted>@127.0.0.1:9/v1?api_key=<redacted>&model=m"
+    assert resolved["target"]["launch"]["env"] == {"HF_TOKEN": "<redacted>", "PORT": "${PORT:-8000}"}
+    assert resolved["target"]["launch"]["command"] == ["${PYTHON:-python3}", "-m", "server"]
+    assert resolved["workload"]["classes"][0]["headers"] == {"X-Api-Key": "<redacted>"}
+    assert resolved["phases"][0]["duration"] == "${DURATION}"
+    # Resolved: defaults filled in, `class` written by its alias.
+    assert resolved["limits"]["max_in_flight"] == 10000 and resolved["output"]["interval"] == 1.0
+
+
+def test_literal_authorization_header_is_redacted_and_slo_class_dumped_by_alias(tmp_path):
+    text = MINIMAL.replace("  url: http://127.0.0.1:9\n", "  url: http://127.0.0.1:9\n  headers: {Authorization: Bearer abc}\n")
+    s = load_scenario(write(tmp_path, text + "slos: [{stat: p99, limit_ms: 5}]\n"))
+    dump = yaml.safe_load(redacted_yaml(s))
+    assert dump["target"]["headers"]["Authorization"] == "<redacted>" and "abc" not in redacted_yaml(s)
+    assert dump["slos"] == [{"metric": "latency", "class": "all", "stat": "p99", "limit_ms": 5.0}]
+
+
+def test_a_secret_default_in_a_template_is_redacted(tmp_path, monkeypatch):
+    monkeypatch.delenv("API_KEY", raising=False)
+    text = MINIMAL.replace("  url: http://127.0.0.1:9\n", "  url: http://127.0.0.1:9\n  headers: {X-Api-Key: '${API_KEY:-fallback-secret}'}\n")
+    dump = redacted_yaml(load_scenario(write(tmp_path, text)))
+    assert "fallback-secret" not in dump and "${API_KEY:-<redacted>}" in dump
+
+
+def test_missing_variable_names_file_line_field_and_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("API_KEY", "x")
+    monkeypatch.delenv("DURATION", raising=False)
+    path = write(tmp_path, SECRETS)
+    message = error_of(path)
+    assert f"{path}:16: phases[0].duration: environment variable DURATION is not set" in message
+    assert message.startswith(f"invalid scenario {path} (1 problem):")
+
+
+def test_escaped_and_malformed_references(tmp_path, monkeypatch):
+    monkeypatch.setenv("DURATION", "1")
+    data = yaml.safe_load(MINIMAL)
+    data["description"] = "costs $${PRICE}"
+    s = scenario_from_dict(data)
+    assert s.description == "costs ${PRICE}"
+    assert yaml.safe_load(redacted_yaml(s))["description"] == "costs $${PRICE}"  # round-trips
+    data["description"] = "${not a var}"
+    with pytest.raises(ScenarioError, match=r"description: malformed \$\{\.\.\.\}"):
+        scenario_from_dict(data)
+
+
+# ---- --set overrides --------------------------------------------------------------------------------
+
+
+def test_apply_overrides_types_values_follows_indices_and_creates_keys():
+    data = yaml.safe_load(MINIMAL)
+    out = apply_overrides(data, [
+        "phases.0.arrival.rate=50",
+        "phases.0.duration=1.5",
+        "phases.0.warmup=true",
+        "target.url=http://127.0.0.1:9000",
+        "target.headers.X-Mode=fast",
+        "workload.classes=[{name: a}, {name: b}]",
+        "workload.classes.1.weight=2",
+        "description=",
+    ])
+    assert out["phases"][0]["arrival"]["rate"] == 50 and isinstance(out["phases"][0]["arrival"]["rate"], int)
+    assert out["phases"][0]["duration"] == 1.5 and out["phases"][0]["warmup"] is True
+    assert out["target"] == {"url": "http://127.0.0.1:9000", "headers": {"X-Mode": "fast"}}
+    assert out["workload"]["classes"] == [{"name": "a"}, {"name": "b", "weight": 2}]
+    assert out["description"] is None
+    assert data["phases"][0]["arrival"]["rate"] == 5  # the input is not modified
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [("phases.3.duration=1", "index 3 is out of range (phases has 1 item)"),
+     ("phases.first.duration=1", "phases is a list; expected an index, not 'first'"),
+     ("target.url.host=x", "target.url is a string, not a mapping or list"),
+     ("phases.0.arrival.rate.x=1", "phases.0.arrival.rate is a number"),
+     ("phases.0.arrival.rate", "expected key.path=value"),
+     ("a..b=1", "empty component")],
+)
+def test_bad_overrides_name_the_override(override, expected):
+    with pytest.raises(ScenarioError) as info:
+        apply_overrides(yaml.safe_load(MINIMAL), [override])
+    assert f"--set {override!r}" in str(info.value) and expected in str(info.value)
+
+
+def test_an_invalid_value_from_set_says_so_instead_of_a_line(tmp_path):
+    path = write(tmp_path, MINIMAL)
+    message = error_of(path, ("phases.0.arrival.rate=-5", "limits.max_in_flight=1"))
+    assert (f"{path} (from --set phases.0.arrival.rate=-5): phases[0].arrival.rate: "
+            "Input should be greater than 0 (got -5)") in message
+    assert "(1 problem)" in message
+
+
+def test_set_overrides_apply_to_the_loaded_scenario(tmp_path):
+    s = load_scenario(write(tmp_path, MINIMAL), ["phases.0.arrival={type: poisson, rate: 7}", "target.launch=null", "seed=9"])
+    assert (s.phases[0].arrival.type, s.phases[0].arrival.rate, s.seed) == ("poisson", 7.0, 9)
+
+
+# ---- JSON Schema --------------------------------------------------------------------------------------
+
+
+def test_json_schema_describes_phases_and_arrival_types():
+    schema = scenario_json_schema()
+    assert schema["$schema"].startswith("https://json-schema.org/") and schema["title"] == "latscope scenario"
+    assert "phases" in schema["properties"] and "target" in schema["required"]
+    arrival = schema["$defs"]["Phase"]["properties"]["arrival"]
+    assert set(arrival["discriminator"]["mapping"]) == set(ARRIVAL_TYPES)
+    consts = {schema["$defs"][ref["$ref"].split("/")[-1]]["properties"]["type"]["const"] for ref in arrival["oneOf"]}
+    assert consts == set(ARRIVAL_TYPES) == {"constant", "poisson", "burst", "mmpp", "ramp", "steps", "spike", "trace"}
+    assert "class" in schema["$defs"]["Slo"]["properties"]
+    assert schema["$defs"]["Target"]["additionalProperties"] is False
+
+
+# ---- cross-field rules --------------------------------------------------------------------------------
+
+
+def _phase_error(arrival: str, duration: str = "duration: 10\n    ") -> str:
+    data = yaml.safe_load(MINIMAL.replace("duration: 1\n    ", duration).replace("{type: constant, rate: 5}", arrival))
+    with pytest.raises(ScenarioError) as info:
+        scenario_from_dict(data)
+    return str(info.value)
+
+
+def test_duplicate_phase_names_rejected():
+    data = yaml.safe_load(MINIMAL)
+    data["phases"].append(dict(data["phases"][0]))
+    with pytest.raises(ScenarioError, match=r"phases: phase names must be unique; repeated: p"):
+        scenario_from_dict(data)
+
+
+@pytest.mark.parametrize(("classes", "expected"), [
+    ([{"name": "all"}], r"workload.classes\[0\].name: 'all' is reserved"),
+    ([{"name": "a"}, {"name": "a"}], "class names must be unique"),
+    ([{"name": "a b"}], "only letters, digits"),
+])
+def test_bad_class_names_rejected(classes, expected):
+    data = yaml.safe_load(MINIMAL)
+    data["workload"] = {"classes": classes}
+    with pytest.raises(ScenarioError, match=expected):
+        scenario_from_dict(data)
+
+
+def test_burst_period_must_exceed_burst_length():
+    message = _phase_error("{type: burst, base_rate: 1, burst_rate: 9, burst_length: 10s, period: 10s}")
+    assert "phases[0].arrival.period: period (10 s) must be longer than burst_length (10 s)" in message
+
+
+def test_ramp_cannot_be_all_zero_and_validity_thresholds_are_ordered():
+    assert "cannot both be 0" in _phase_error("{type: ramp, from_rate: 0, to_rate: 0}")
+    data = yaml.safe_load(MINIMAL)
+    data["validity"] = {"degraded_loop_lag_p99_ms": 60}
+    with pytest.raises(ScenarioError, match="validity.invalid_loop_lag_p99_ms: must be at least degraded_loop_lag_p99_ms"):
+        scenario_from_dict(data)
+
+
+def test_phase_without_duration_rejected_unless_it_is_a_trace():
+    assert "phases[0]: duration is required" in _phase_error("{type: poisson, rate: 5}", duration="")
+    data = yaml.safe_load(MINIMAL.replace("duration: 1\n    ", "").replace("{type: constant, rate: 5}", "{type: trace, file: t.csv}"))
+    s = scenario_from_dict(data)
+    assert s.phases[0].duration is None and s.phases[0].arrival.speedup == 1.0
+
+
+def test_slo_on_an_unknown_class_is_rejected():
+    data = yaml.safe_load(MINIMAL)
+    data["slos"] = [{"class": "smal", "stat": "p99", "limit_ms": 5}]
+    with pytest.raises(ScenarioError, match=r"class 'smal' is not a workload class \(known: all, default\)"):
+        scenario_from_dict(data)
+
+
+def test_direct_construction_validates_too():
+    with pytest.raises(Exception):
+        Scenario.model_validate({"target": {"url": "http://x"}, "phases": []})
