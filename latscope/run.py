@@ -16,7 +16,6 @@ import platform
 import queue as queue_module
 import signal
 import socket
-import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ import numpy as np
 
 from latscope import __version__
 from latscope.analysis.verdicts import slo_verdicts, validity
-from latscope.collector import ALL, ROW_STATS, Collector
+from latscope.collector import ROW_STATS, Collector
 from latscope.engine import COUNTERS, ERROR_INDEX, WorkerSpec, worker_main
 from latscope.errors import RunError
 from latscope.hlog import HlogWriter
@@ -197,7 +196,7 @@ class _Run:
                 message = queue.get(timeout=0.1)
             except queue_module.Empty:
                 if time.monotonic() > deadline or any(p.exitcode is not None for p in self.processes):
-                    raise RunError("workers did not start; " + self._dead_workers())
+                    raise RunError("workers did not start; " + self._dead_workers()) from None
                 continue
             if message["type"] == "failed":
                 raise RunError(f"worker {message['worker']} failed to start:\n{message['error']}")

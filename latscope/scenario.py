@@ -159,7 +159,7 @@ def _check_http_url(url: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError("expected an http:// or https:// URL with a host, like http://127.0.0.1:8000")
     try:
-        parts.port
+        _ = parts.port  # urlsplit parses the port lazily; a bad one raises here
     except ValueError:
         raise ValueError("the URL's port is not a number from 0 to 65535") from None
     return url

@@ -101,3 +101,26 @@ def test_results_histograms_timeseries_and_events_agree(target, tmp_path):
     plan = build_plan(scenario_from_dict(data))
     assert np.array_equal(schedule["intended_s"].to_numpy(), plan.offsets_s)
     assert s["partial"] is False
+
+
+def test_trace_replay_sends_the_trace_sped_up(target, tmp_path):
+    """The first 60 s of the Azure LLM trace at 20× speed: ~3 s, every trace arrival sent once."""
+    from conftest import SHARED_DATA
+
+    trace = SHARED_DATA / "azure_llm_conv_trace.csv"
+    if not trace.exists():
+        pytest.skip(f"trace not found at {trace} (the repo is expected next to shared/)")
+    url = target(delay_ms=1)
+    data = scenario_dict(url, tmp_path, [{"name": "replay", "duration": 3,
+                                          "arrival": {"type": "trace", "file": str(trace), "speedup": 20}}])
+    scenario = scenario_from_dict(data)
+    plan = build_plan(scenario)
+    import pandas as pd
+
+    raw = pd.read_csv(trace)["TIMESTAMP"]
+    stamps = pd.to_datetime(raw, format="ISO8601")
+    in_window = ((stamps - stamps.iloc[0]).dt.total_seconds() < 60).sum()
+    assert len(plan) == in_window > 100
+    s = run_scenario(scenario, workers=1).summary
+    assert s["requests"]["sent"] == s["requests"]["completed"] == in_window
+    assert s["throughput"]["offered_rps"] == pytest.approx(in_window / 3, abs=1e-3)  # rounded to 3 decimals

@@ -461,5 +461,7 @@ def test_slo_on_an_unknown_class_is_rejected():
 
 
 def test_direct_construction_validates_too():
-    with pytest.raises(Exception):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="phases"):
         Scenario.model_validate({"target": {"url": "http://x"}, "phases": []})
