@@ -57,7 +57,7 @@ class ProgressDisplay:
             self._live.update(self._panel(p))
         elif time.monotonic() - self._last_plain >= PLAIN_EVERY_S:
             self._last_plain = time.monotonic()
-            self.console.print(progress_line(p), highlight=False)
+            self.console.print(progress_line(p), highlight=False, soft_wrap=True)
 
     @staticmethod
     def _panel(p: Progress) -> Table:

@@ -157,4 +157,4 @@ def test_torn_last_line(hlog_path):
     hlog_path.write_text(text + "Tag=latency/all,9.000,1.000,1.0,HISTFAAAA")  # writer killed mid-line
     with pytest.raises(ValueError, match=":12: malformed"):
         list(read_hlog(hlog_path))
-    assert len(list(read_hlog(hlog_path))) == len(INTERVALS)
+    assert len(list(read_hlog(hlog_path, strict=False))) == len(INTERVALS)

@@ -1,0 +1,53 @@
+"""Validity stamps and SLO verdicts from summary metrics."""
+
+from __future__ import annotations
+
+from latscope.analysis.verdicts import slo_verdicts, validity
+from latscope.scenario import Slo, Validity
+
+THRESHOLDS = Validity()  # degraded/invalid: send lag 1/10 ms, loop lag 5/50 ms
+QUIET = {"late": 0, "dropped": 0}
+
+
+def metrics(send_lag_p99: float, loop_lag_p99: float | None = 0.5) -> dict:
+    m = {"send_lag": {"all": {"p99_ms": send_lag_p99}}, "latency": {"all": {"p99_ms": 12.0, "p50_ms": 3.0}}}
+    if loop_lag_p99 is not None:
+        m["loop_lag"] = {"all": {"p99_ms": loop_lag_p99}}
+    return m
+
+
+def test_on_time_run_is_valid_without_reasons():
+    assert validity(metrics(0.8), QUIET, THRESHOLDS, 100) == ("valid", [])
+
+
+def test_send_lag_between_thresholds_is_degraded_with_the_number():
+    stamp, reasons = validity(metrics(2.5), QUIET, THRESHOLDS, 100)
+    assert stamp == "degraded"
+    assert reasons == ["send lag p99 2.500 ms > 1 ms"]
+
+
+def test_send_or_loop_lag_past_invalid_threshold_is_invalid():
+    assert validity(metrics(10.5), QUIET, THRESHOLDS, 100)[0] == "invalid"
+    stamp, reasons = validity(metrics(0.5, loop_lag_p99=60.0), QUIET, THRESHOLDS, 100)
+    assert stamp == "invalid" and "event-loop lag p99 60.000 ms > 50 ms" in reasons[0]
+
+
+def test_worst_reason_wins_and_all_reasons_are_kept():
+    stamp, reasons = validity(metrics(20.0, loop_lag_p99=6.0), {"late": 3, "dropped": 2}, THRESHOLDS, 7)
+    assert stamp == "invalid"
+    assert len(reasons) == 4
+    assert "3 requests waited for a free slot (limits.max_in_flight=7)" in reasons
+    assert "2 requests dropped at the in-flight cap (limits.max_in_flight=7)" in reasons
+
+
+def test_cap_pressure_alone_degrades():
+    assert validity(metrics(0.2), {"late": 1, "dropped": 0}, THRESHOLDS, 1)[0] == "degraded"
+
+
+def test_slo_verdicts_compare_the_named_statistic():
+    slos = [Slo(metric="latency", stat="p99", limit_ms=15), Slo(metric="latency", stat="p50", limit_ms=2.5),
+            Slo(metric="ttft", stat="p99", limit_ms=100)]
+    v = slo_verdicts(metrics(0.1), slos)
+    assert [x["passed"] for x in v] == [True, False, False]
+    assert v[0] == {"metric": "latency", "class": "all", "stat": "p99_ms", "limit": 15, "value": 12.0, "passed": True}
+    assert v[2]["value"] is None and v[2]["reason"] == "no data for this metric and class"
