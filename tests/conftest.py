@@ -17,6 +17,17 @@ from latscope.builtin_target import make_app
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
+# The smallest valid scenario file (points at a closed port: for validation tests only).
+MINIMAL = """\
+name: t
+target:
+  url: http://127.0.0.1:9
+phases:
+  - name: p
+    duration: 1
+    arrival: {type: constant, rate: 5}
+"""
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from conftest import MINIMAL as GOOD
 from conftest import REPO, scenario_dict
 
 LATSCOPE = [sys.executable, "-m", "latscope.cli"]
@@ -24,15 +25,6 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-GOOD = """\
-name: t
-target:
-  url: http://127.0.0.1:9
-phases:
-  - name: p
-    duration: 1
-    arrival: {type: constant, rate: 5}
-"""
 
 
 def test_unknown_field_exits_2_naming_line_and_field(tmp_path):

@@ -24,15 +24,8 @@ from latscope.scenario import (
     scenario_json_schema,
 )
 
-MINIMAL = """\
-name: t
-target:
-  url: http://127.0.0.1:9
-phases:
-  - name: p
-    duration: 1
-    arrival: {type: constant, rate: 5}
-"""
+from conftest import MINIMAL
+
 
 FULL = """\
 description: every arrival type
