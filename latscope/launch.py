@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from latscope.errors import RunError
 from latscope.scenario import Launch
@@ -58,9 +59,9 @@ def _is_ready(url: str) -> bool:
         return False
 
 
-def start_target(launch: Launch, cwd: Path, log_path: Path) -> LaunchedTarget:
+def start_target(launch: Launch, cwd: Path, log_path: Path, should_stop: Callable[[], bool] = lambda: False) -> LaunchedTarget:
     """Start the target and wait until its readiness URL answers 2xx (or, without one, until it has
-    run for a moment without exiting)."""
+    run for a moment without exiting). `should_stop` lets Ctrl-C end the wait."""
     argv = _command(launch)
     started = time.monotonic()
     with open(log_path, "ab") as log:
@@ -87,6 +88,9 @@ def start_target(launch: Launch, cwd: Path, log_path: Path) -> LaunchedTarget:
                 break
         elif _is_ready(launch.ready_url):
             break
+        if should_stop():
+            stop_target(target)
+            raise RunError("interrupted while waiting for the launched target to become ready")
         if time.monotonic() > deadline:
             stop_target(target)
             raise RunError(

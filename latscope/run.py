@@ -153,6 +153,7 @@ class _Run:
                 scenario.target.launch,
                 scenario.resolve_path(scenario.target.launch.cwd or "."),
                 self.run_dir / results.TARGET_LOG,
+                should_stop=lambda: stop.reason is not None,
             )
             self.events.emit("target_ready", after_s=round(self.target.ready_after_s, 4))
 

@@ -203,3 +203,15 @@ os.kill(pid, signal.SIGKILL)
     summary = assert_complete_results(run_dir)
     assert summary["partial"] is True
     assert summary["requests"]["completed"] > 10
+
+
+def test_target_that_fails_to_launch_is_a_clear_run_error(tmp_path):
+    from latscope.errors import RunError
+
+    data = _launch_scenario(tmp_path, free_port(), 1.0)
+    data["target"]["launch"]["command"] = ["python", "-c", "import sys; print('model file missing'); sys.exit(3)"]
+    with pytest.raises(RunError, match=r"exited with code 3 before it was ready(.|\n)*model file missing"):
+        run_scenario(scenario_from_dict(data), workers=1)
+    summary = assert_complete_results(next(tmp_path.glob("launched-*")))
+    assert summary["partial"] is True and "exited with code 3" in summary["abort_reason"]
+    assert summary["requests"]["sent"] == 0
