@@ -39,6 +39,11 @@ LOOP_LAG_PERIOD_NS = 10_000_000  # the lag probe asks to sleep 10 ms; anything b
 STOP_POLL_S = 0.05  # how often a worker checks for a stop request
 MAX_ERROR_EXAMPLES = 5  # distinct error messages kept per kind
 YIELD_EVERY = 64  # when behind schedule, let responses be read at least this often
+# Event-loop timers have millisecond granularity (libuv rounds to whole ms on a cached clock), so a
+# timer alone sends up to ~1 ms late. With the precise timer the engine sleeps until SPIN_NS before
+# the intended time and polls the clock for the rest, yielding to the loop at each poll so responses
+# are still read on time. It costs up to rate x SPIN_NS of CPU per second; the coarse timer costs none.
+SPIN_NS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,7 @@ class Engine:
         drain_timeout_s: float,
         report: Callable[[dict], None],
         should_stop: Callable[[], bool],
+        precise_timer: bool,
     ):
         self.client = client
         self.intended_ns, self.seq, self.cls, self.warmup = intended_ns, seq, cls, warmup
@@ -80,6 +86,7 @@ class Engine:
         self.drain_timeout_s = drain_timeout_s
         self.report = report
         self.should_stop = should_stop
+        self.spin_ns = SPIN_NS if precise_timer else 0
 
         self.recorder = Recorder()
         self.counters: dict[tuple[int, bool], list[int]] = {}
@@ -102,14 +109,16 @@ class Engine:
         row[counter] += 1
 
     async def _sleep_until(self, when_ns: int) -> None:
-        """Sleep until `when_ns`; wakes at least every STOP_POLL_S to notice a stop request.
-        Re-checks the clock after each sleep because libuv timers have millisecond granularity
-        and may fire a little early."""
+        """Sleep until `when_ns` (see SPIN_NS); wakes at least every STOP_POLL_S to notice a stop
+        request, and re-checks the clock after each sleep because timers may also fire early."""
         while not self.stopping:
             delay = when_ns - time.perf_counter_ns()
             if delay <= 0:
                 return
-            await asyncio.sleep(min(delay * 1e-9, STOP_POLL_S))
+            if delay <= self.spin_ns:
+                await asyncio.sleep(0)
+            else:
+                await asyncio.sleep(min((delay - self.spin_ns) * 1e-9, STOP_POLL_S))
 
     async def _send_all(self) -> None:
         loop = asyncio.get_running_loop()
@@ -325,6 +334,7 @@ async def _worker(spec: WorkerSpec, queue: Any, start_event: Any, t0_value: Any,
         interval_s=scenario.output.interval,
         max_in_flight=cap,
         overflow=scenario.limits.overflow,
+        precise_timer=scenario.limits.timer == "precise",
         drain_timeout_s=scenario.target.timeout + 1.0,
         report=report,
         should_stop=should_stop,

@@ -23,7 +23,7 @@ class Request:
 
 @dataclass(slots=True)
 class Outcome:
-    sent_ns: int  # perf_counter_ns right before the request was handed to the transport
+    sent_ns: int  # perf_counter_ns when the protocol began sending (before taking or opening a connection)
     end_ns: int  # perf_counter_ns when the whole response was read (or the failure was seen)
     status: int = 0  # HTTP status (0 when no response)
     error: str | None = None  # one of ERROR_KINDS, None on success

@@ -1,9 +1,9 @@
 """Wire protocols behind one small interface.
 
 A protocol client is created once per worker, opened inside the worker's event loop, and then asked
-to `send` requests concurrently. It stamps `sent_ns` itself, as late as possible before the bytes go
-out, and returns an `Outcome`; it never records anything. New protocols (OpenAI streaming, KServe v2)
-add a module here and a branch in `make_client`.
+to `send` requests concurrently. It stamps `sent_ns` itself when it starts on a request (a connect
+counts as service time, not send lag), and returns an `Outcome`; it never records anything. New
+protocols (OpenAI streaming, KServe v2) add a module here and a branch in `make_client`.
 """
 
 from __future__ import annotations
