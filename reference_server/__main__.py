@@ -1,0 +1,5 @@
+"""`python -m reference_server serve ...`"""
+
+from reference_server.cli import main
+
+main()

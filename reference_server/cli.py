@@ -1,0 +1,59 @@
+"""`latscope-ref` / `python -m reference_server`: flags (each with a LATSCOPE_REF_* env fallback) -> ServerConfig."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import click
+
+from reference_server.backend import BACKENDS
+from reference_server.model import DEFAULT_CACHE
+from reference_server.server import ServerConfig, StartupError, serve as run_server
+
+
+def _option(*decls: str, env: str | None = None, **kwargs):
+    """A click option that falls back to LATSCOPE_REF_<NAME> (NAME from the flag unless `env` is given)."""
+    name = env or decls[0].lstrip("-").upper().replace("-", "_")
+    return click.option(*decls, envvar=f"LATSCOPE_REF_{name}", show_envvar=True, show_default=True, **kwargs)
+
+
+@click.group()
+def main() -> None:
+    """latscope's reference inference server (KServe v2 REST; ONNX Runtime)."""
+
+
+@main.command()
+@_option("--host", default="127.0.0.1", help="Address to listen on.")
+@_option("--http-port", type=click.IntRange(0, 65535), default=8000,
+         help="HTTP port; 0 picks a free one (printed on the 'ready' line).")
+@_option("--model", type=click.Path(dir_okay=False, path_type=Path), default=None,
+         help="ONNX file to serve instead of the built-in encoder.")
+@_option("--model-name", default="encoder", help="Name the model is served under (/v2/models/NAME).")
+@_option("--backend", type=click.Choice(BACKENDS), default="auto",
+         help="What runs the model; auto picks the best available and logs why.")
+@_option("--max-batch-size", type=click.IntRange(min=1), default=32,
+         help="Most rows per backend run; 1 turns dynamic batching off.")
+@_option("--max-queue-delay-us", type=click.IntRange(min=0), default=2000,
+         help="How long the oldest waiting request may wait for others to join its batch.")
+@_option("--max-queue", type=click.IntRange(min=1), default=256,
+         help="Requests that may wait; past it, 429 with Retry-After.")
+@_option("--max-body-bytes", type=click.IntRange(min=1), default=16 * 1024 * 1024,
+         help="Largest request body; past it, 413.")
+@_option("--threads", type=click.IntRange(min=1), default=None,
+         help="Backend intra-op threads [default: one per CPU core].")
+@_option("--layers", type=click.IntRange(min=1), default=None,
+         help="Transformer layers of the built-in encoder [default: 6].")
+@_option("--extra-latency-ms", type=click.FloatRange(min=0), default=0.0,
+         help="Sleep this long in every infer request, outside every Server-Timing part: "
+              "simulates a slower build for regression tests. Costs latency, not CPU.")
+@_option("--cache-dir", env="CACHE", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_CACHE,
+         help="Where the built-in model is cached, one file per build parameters.")
+def serve(**flags) -> None:
+    """Serve the model until SIGTERM/SIGINT; prints 'ready http://HOST:PORT' once it accepts traffic."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(run_server(ServerConfig(**flags)))
+    except StartupError as exc:
+        raise click.ClickException(str(exc)) from None

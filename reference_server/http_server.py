@@ -1,0 +1,161 @@
+"""KServe v2 REST front end (aiohttp): health, metadata, infer (JSON and binary tensors), /metrics.
+
+Every answer is JSON (`{"error": "..."}` for failures) and carries X-Replica-Id; infer answers carry
+Server-Timing. Client mistakes are 4xx with a message, overload is 429 + Retry-After; a 500 means a
+bug or a backend failure, never bad input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from reference_server import __version__, v2
+from reference_server.batcher import Batcher, InferenceFailed, Overloaded, RequestTooLarge
+from reference_server.metrics import Metrics, server_timing
+from reference_server.signature import Signature
+
+if TYPE_CHECKING:
+    from aiohttp.typedefs import Handler, Middleware
+
+log = logging.getLogger(__name__)
+
+SERVER_NAME = "latscope-ref"
+RETRY_AFTER_S = 1
+
+
+@dataclass
+class ServedModel:
+    name: str
+    platform: str  # as v2 metadata names it, e.g. "onnxruntime_onnx"
+    signature: Signature
+    batcher: Batcher
+
+
+def _error(status: int, message: str, **headers: str) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+class V2Routes:
+    def __init__(self, model: ServedModel, metrics: Metrics, max_body_bytes: int, extra_latency_ms: float) -> None:
+        self.model = model
+        self.metrics = metrics
+        self.max_body_bytes = max_body_bytes
+        self.extra_latency_s = extra_latency_ms / 1000
+
+    async def live(self, request: web.Request) -> web.Response:
+        return web.json_response({"live": True})
+
+    async def ready(self, request: web.Request) -> web.Response:
+        return web.json_response({"ready": True})
+
+    async def server_metadata(self, request: web.Request) -> web.Response:
+        return web.json_response({"name": SERVER_NAME, "version": __version__, "extensions": ["binary_tensor_data"]})
+
+    def _unknown(self, request: web.Request) -> web.Response | None:
+        name = request.match_info["name"]
+        if name == self.model.name:
+            return None
+        return _error(404, f"unknown model {name!r}; this server serves {self.model.name!r}")
+
+    async def model_metadata(self, request: web.Request) -> web.Response:
+        return self._unknown(request) or web.json_response(
+            v2.model_metadata(self.model.name, self.model.platform, self.model.signature))
+
+    async def model_ready(self, request: web.Request) -> web.Response:
+        return self._unknown(request) or web.json_response({"name": self.model.name, "ready": True})
+
+    async def metrics_text(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def _too_large(self) -> web.Response:
+        return _error(413, f"request body is over {self.max_body_bytes} bytes (--max-body-bytes); "
+                           f"send fewer rows per request or use binary tensors")
+
+    async def infer(self, request: web.Request) -> web.Response:
+        if unknown := self._unknown(request):
+            return unknown
+        if (request.content_length or 0) > self.max_body_bytes:
+            return self._too_large()
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:  # chunked upload that outgrew the limit
+            return self._too_large()
+
+        started = time.perf_counter_ns()
+        try:
+            decoded = v2.decode_request(body, request.headers.get(v2.HEADER_LENGTH), self.model.signature)
+        except v2.BadRequest as exc:
+            return _error(400, str(exc))
+        deser_ns = time.perf_counter_ns() - started
+
+        if self.extra_latency_s:  # simulated slowdown (--extra-latency-ms): not part of any Server-Timing entry
+            await asyncio.sleep(self.extra_latency_s)
+        try:
+            result = await self.model.batcher.submit(decoded.inputs)
+        except Overloaded as exc:
+            return _error(429, f"server overloaded: {exc}; retry after {RETRY_AFTER_S} s",
+                          **{"Retry-After": str(RETRY_AFTER_S)})
+        except RequestTooLarge as exc:
+            return _error(400, str(exc))
+        except InferenceFailed as exc:
+            return _error(500, str(exc))
+        self.metrics.queue_seconds.observe(result.queue_ns / 1e9)
+
+        started = time.perf_counter_ns()
+        payload, headers = v2.encode_response(self.model.name, decoded, result.outputs, self.model.signature)
+        headers["Server-Timing"] = server_timing(queue_ns=result.queue_ns, deser_ns=deser_ns,
+                                                 compute_ns=result.compute_ns,
+                                                 ser_ns=time.perf_counter_ns() - started, batch=result.batch_size)
+        return web.Response(body=payload, headers=headers)
+
+
+def _observe(metrics: Metrics, replica_id: str) -> Middleware:
+    """Count and time every request, turn aiohttp's own HTTP errors (404 route, 405) into JSON, tag the replica."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        resource = request.match_info.route.resource
+        endpoint = resource.canonical if resource else "unmatched"
+        started = time.perf_counter()
+        metrics.in_flight.inc()
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else {}
+            response = _error(exc.status, f"{exc.reason}: {request.method} {request.path}", **allow)
+        except Exception as exc:  # noqa: BLE001 - a bug must still answer, and be logged with its traceback
+            log.exception("unhandled error for %s %s", request.method, request.path)
+            response = _error(500, f"internal error: {type(exc).__name__}: {exc}")
+        finally:
+            metrics.in_flight.dec()
+        response.headers["X-Replica-Id"] = replica_id
+        metrics.requests.labels(endpoint, str(response.status)).inc()
+        metrics.request_seconds.labels(endpoint).observe(time.perf_counter() - started)
+        return response
+
+    return middleware
+
+
+def make_app(model: ServedModel, metrics: Metrics, *, max_body_bytes: int, extra_latency_ms: float) -> web.Application:
+    """The aiohttp application for one model; `max_body_bytes` over -> 413. Responses name this process
+    as the replica (`<hostname>-<pid>`), so build the app in the process that serves it."""
+    routes = V2Routes(model, metrics, max_body_bytes, extra_latency_ms)
+    replica_id = f"{socket.gethostname()}-{os.getpid()}"
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[_observe(metrics, replica_id)])
+    app.router.add_get("/v2/health/live", routes.live)
+    app.router.add_get("/v2/health/ready", routes.ready)
+    app.router.add_get("/v2", routes.server_metadata)
+    app.router.add_get("/v2/models/{name}", routes.model_metadata)
+    app.router.add_get("/v2/models/{name}/ready", routes.model_ready)
+    app.router.add_post("/v2/models/{name}/infer", routes.infer)
+    app.router.add_get("/metrics", routes.metrics_text)
+    return app

@@ -1,0 +1,104 @@
+"""What the server tells about its own timing: Prometheus metrics and the per-response Server-Timing header.
+
+latscope scrapes /metrics during a run and parses Server-Timing per request, so the split of a
+request's latency into queue / deserialize / compute / serialize comes from the server itself.
+"""
+
+from __future__ import annotations
+
+import bisect
+import gc
+import itertools
+import time
+from collections import defaultdict
+from typing import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+PREFIX = "latscope_ref"
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+GC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def server_timing(*, queue_ns: int, deser_ns: int, compute_ns: int, ser_ns: int, batch: int) -> str:
+    """A W3C Server-Timing value, durations in milliseconds with microsecond precision:
+    queue = enqueue to backend run start (batch formation, padding), deser = parsing and validating the
+    body already read, compute = the backend run of the whole batch, ser = encoding the response body,
+    batch = rows in that run. Body transfer and handler overhead are in none of them."""
+    parts = [f"{name};dur={ns / 1e6:.3f}" for name, ns in
+             (("queue", queue_ns), ("deser", deser_ns), ("compute", compute_ns), ("ser", ser_ns))]
+    return ", ".join([*parts, f'batch;desc="{batch}"'])
+
+
+class GcPauseCollector(Collector):
+    """Python garbage-collection pauses, by generation, from gc.callbacks.
+
+    The callback only updates plain Python numbers: taking a prometheus_client lock inside a gc
+    callback could deadlock when a collection starts while that same (non-reentrant) lock is held."""
+
+    def __init__(self) -> None:
+        self._started = 0.0
+        self._counts: dict[int, list[int]] = defaultdict(lambda: [0] * (len(GC_BUCKETS) + 1))
+        self._sums: dict[int, float] = defaultdict(float)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        pause = time.perf_counter() - self._started
+        generation = info["generation"]
+        self._counts[generation][bisect.bisect_left(GC_BUCKETS, pause)] += 1
+        self._sums[generation] += pause
+
+    def install(self) -> None:
+        gc.callbacks.append(self._callback)
+
+    def uninstall(self) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(f"{PREFIX}_gc_pause_seconds", "Python garbage-collection pauses",
+                                       labels=["generation"])
+        for generation, counts in sorted(self._counts.items()):
+            cumulative = list(itertools.accumulate(counts))
+            buckets = [(str(b), c) for b, c in zip(GC_BUCKETS, cumulative)] + [("+Inf", cumulative[-1])]
+            family.add_metric([str(generation)], buckets, self._sums[generation])
+        yield family
+
+
+class Metrics:
+    """Every metric the server exports, in its own registry (so several servers can live in one process)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(f"{PREFIX}_requests", "HTTP requests by endpoint and status code",
+                                ["endpoint", "status"], registry=r)
+        self.request_seconds = Histogram(f"{PREFIX}_request_duration_seconds",
+                                         "Time from request received to response ready, by endpoint",
+                                         ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_seconds = Histogram(f"{PREFIX}_queue_duration_seconds",
+                                       "Per request: enqueue to start of the backend run of its batch",
+                                       buckets=LATENCY_BUCKETS, registry=r)
+        self.compute_seconds = Histogram(f"{PREFIX}_compute_duration_seconds", "Per batch: backend run time",
+                                         buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram(f"{PREFIX}_batch_size", "Rows per backend run", buckets=BATCH_BUCKETS,
+                                    registry=r)
+        self.in_flight = Gauge(f"{PREFIX}_in_flight_requests", "HTTP requests being handled", registry=r)
+        self.model_load_seconds = Gauge(f"{PREFIX}_model_load_seconds", "Time to load the model into its backend",
+                                        ["model", "backend"], registry=r)
+        # The server points this at its batcher with set_function (the batcher needs on_batch first).
+        self.queue_depth = Gauge(f"{PREFIX}_queue_depth", "Requests waiting for the inference thread", registry=r)
+        self.gc = GcPauseCollector()
+        r.register(self.gc)
+
+    def on_batch(self, rows: int, compute_ns: int) -> None:
+        """Batcher observer: one call per backend run, from the inference thread."""
+        self.batch_size.observe(rows)
+        self.compute_seconds.observe(compute_ns / 1e9)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

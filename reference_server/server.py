@@ -1,0 +1,138 @@
+"""Starting and stopping the server: model -> backend -> batcher -> HTTP front end.
+
+Startup logs one line per fact (model, backend and why, batching, address) and prints
+`ready http://HOST:PORT` on stdout once connections are accepted. SIGTERM or SIGINT stops accepting,
+lets in-flight requests finish, stops the inference thread and returns (exit status 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from reference_server.backend import Backend, BackendUnavailable, choose_backend
+from reference_server.batcher import Batcher
+from reference_server.http_server import ServedModel, make_app
+from reference_server.metrics import Metrics
+from reference_server.model import DEFAULT_CACHE, EncoderConfig, cached_encoder
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_TIMEOUT_S = 30.0  # in-flight requests still running after this are cancelled
+
+
+class StartupError(Exception):
+    """The server cannot start as configured; the message names the flag or file to fix."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    model: Path | None = None  # None: the built-in encoder
+    model_name: str = "encoder"
+    backend: str = "auto"
+    max_batch_size: int = 32
+    max_queue_delay_us: int = 2000
+    max_queue: int = 256
+    max_body_bytes: int = 16 * 1024 * 1024
+    threads: int | None = None  # None: one per CPU core
+    layers: int | None = None  # None: the encoder's default; only for the built-in model
+    extra_latency_ms: float = 0.0
+    cache_dir: Path = DEFAULT_CACHE  # where the built-in model is cached
+
+
+def resolve_model(config: ServerConfig) -> Path:
+    """The ONNX file to serve: the user's, or the built-in encoder from the cache (built on a miss)."""
+    if config.model is not None:
+        if config.layers is not None:
+            raise StartupError("--layers only applies to the built-in encoder, not to --model FILE")
+        if not config.model.is_file():
+            raise StartupError(f"--model {config.model}: no such file")
+        log.info("model %s: user file %s", config.model_name, config.model)
+        return config.model
+    encoder = EncoderConfig() if config.layers is None else EncoderConfig(layers=config.layers)
+    started = time.perf_counter()
+    path, reused = cached_encoder(encoder, config.cache_dir.expanduser())
+    log.info("model %s: built-in encoder, %d layers, %s %s in %.2f s", config.model_name, encoder.layers,
+             "reused cached" if reused else "built", path, time.perf_counter() - started)
+    return path
+
+
+def load_backend(backend_class: type[Backend], why: str, config: ServerConfig, model_path: Path) -> tuple[Backend, float]:
+    """The backend with the model loaded, and the load time in seconds."""
+    try:
+        backend = backend_class(model_path, config.threads)
+    except Exception as exc:  # noqa: BLE001 - onnx/protobuf raise many types for a file that is not a model
+        raise StartupError(f"cannot read model {model_path}: {exc}") from None
+    started = time.perf_counter()
+    try:
+        backend.load()
+    except Exception as exc:  # noqa: BLE001 - same: report which file and backend, then stop
+        raise StartupError(f"{backend.name} cannot load {model_path}: {exc}") from None
+    load_s = time.perf_counter() - started
+    log.info("backend %s (%s): %s; loaded in %.2f s", backend.name, why, backend.describe(), load_s)
+    return backend, load_s
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """Bind now so a taken port fails before the model loads; listening starts only when the app is ready."""
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        raise StartupError(f"cannot listen on {host}:{port} (--host/--http-port): {exc}") from None
+    return sock
+
+
+async def serve(config: ServerConfig) -> None:
+    """Run until SIGTERM/SIGINT, then drain and return."""
+    try:
+        backend_class, why = choose_backend(config.backend)
+    except BackendUnavailable as exc:
+        raise StartupError(str(exc)) from None
+    sock = _bind(config.host, config.http_port)
+    backend, load_s = load_backend(backend_class, why, config, resolve_model(config))
+    metrics = Metrics()
+    metrics.model_load_seconds.labels(config.model_name, backend.name).set(load_s)
+    batcher = Batcher(backend.run, backend.signature, max_batch_size=config.max_batch_size,
+                      max_queue_delay_us=config.max_queue_delay_us, max_queue=config.max_queue,
+                      on_batch=metrics.on_batch)
+    metrics.queue_depth.set_function(batcher.depth)
+    log.info("batching: max %d rows per run, max queue delay %d us, queue bound %d", batcher.max_rows,
+             config.max_queue_delay_us, config.max_queue)
+
+    app = make_app(ServedModel(config.model_name, backend.platform, backend.signature, batcher), metrics,
+                   max_body_bytes=config.max_body_bytes, extra_latency_ms=config.extra_latency_ms)
+    if config.extra_latency_ms:
+        log.info("extra latency: %.1f ms added to every infer request (--extra-latency-ms)", config.extra_latency_ms)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+    await runner.setup()
+    batcher.start()
+    metrics.gc.install()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await web.SockSite(runner, sock).start()
+        host, port = sock.getsockname()[:2]
+        url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        log.info("listening on %s", url)
+        print(f"ready {url}", flush=True)
+        await stop.wait()
+        log.info("shutting down: finishing in-flight requests")
+    finally:
+        await runner.cleanup()
+        await asyncio.to_thread(batcher.stop)
+        metrics.gc.uninstall()
+    log.info("stopped")

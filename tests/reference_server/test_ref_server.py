@@ -1,0 +1,355 @@
+"""The reference server as a real process, over the wire only: KServe v2 REST (JSON and binary tensors),
+Server-Timing, dynamic batching, bad input, overload, metrics, model cache and graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import aiohttp
+import numpy as np
+import pytest
+
+from conftest import REPO, free_port
+
+READY_TIMEOUT_S = 60
+MODEL = "encoder"
+HIDDEN = 384
+BINARY_OUT = {"binary_data_output": True}
+
+
+@dataclass
+class Server:
+    url: str
+    log: Path
+
+    @property
+    def infer_url(self) -> str:
+        return f"{self.url}/v2/models/{MODEL}/infer"
+
+
+def http(method: str, url: str, body: bytes | None = None, headers: dict | None = None):
+    """(status, headers, body) for one request; 4xx/5xx are answers, not exceptions."""
+    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.headers, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers, error.read()
+
+
+@contextmanager
+def running(cache: Path, logs: Path, *flags: str) -> Iterator[Server]:
+    """Start `python -m reference_server serve` on a free port, wait until ready; SIGTERM must exit 0."""
+    port = free_port()
+    log = logs / f"server-{port}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "reference_server", "serve", "--http-port", str(port),
+                                 "--cache-dir", str(cache), "--layers", "2", *flags],
+                                cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    server = Server(f"http://127.0.0.1:{port}", log)
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            assert proc.poll() is None, f"server exited with {proc.returncode}:\n{log.read_text()}"
+            assert time.monotonic() < deadline, f"server not ready in {READY_TIMEOUT_S} s:\n{log.read_text()}"
+            try:
+                if http("GET", f"{server.url}/v2/health/ready")[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        yield server
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            returncode = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert returncode == 0, log.read_text()
+    assert f"ready {server.url}" in log.read_text()
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("ref-cache")
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("ref-logs")
+
+
+@pytest.fixture(scope="module")
+def server(cache, logs) -> Iterator[Server]:
+    with running(cache, logs, "--max-queue-delay-us", "5000") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def unbatched(cache, logs) -> Iterator[Server]:
+    with running(cache, logs, "--max-batch-size", "1") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def strict(cache, logs) -> Iterator[Server]:
+    with running(cache, logs, "--max-queue", "2", "--max-batch-size", "1", "--extra-latency-ms", "0",
+                 "--max-body-bytes", "65536") as s:
+        yield s
+
+
+# --- request building and response parsing -------------------------------------------------------------
+
+def token_inputs(rows: int, seq: int, seed: int = 0, pad: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Random ids; the last `pad` positions of the last row are masked out."""
+    ids = np.random.default_rng(seed).integers(0, 8192, size=(rows, seq), dtype=np.int64)
+    mask = np.ones_like(ids)
+    if pad:
+        mask[-1, -pad:] = 0
+    return ids, mask
+
+
+def json_body(ids: np.ndarray, mask: np.ndarray, **parameters) -> bytes:
+    inputs = [{"name": n, "shape": list(a.shape), "datatype": "INT64", "data": a.ravel().tolist()}
+              for n, a in (("input_ids", ids), ("attention_mask", mask))]
+    return json.dumps({"inputs": inputs, "parameters": parameters}).encode()
+
+
+def binary_body(ids: np.ndarray, mask: np.ndarray, **parameters) -> tuple[bytes, dict[str, str]]:
+    inputs = [{"name": n, "shape": list(a.shape), "datatype": "INT64", "parameters": {"binary_data_size": a.nbytes}}
+              for n, a in (("input_ids", ids), ("attention_mask", mask))]
+    header = json.dumps({"inputs": inputs, "parameters": parameters}).encode()
+    return (header + ids.astype("<i8").tobytes() + mask.astype("<i8").tobytes(),
+            {"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"})
+
+
+def embedding(headers, body: bytes) -> np.ndarray:
+    """The 'embedding' output of a JSON or binary infer response."""
+    header_length = headers.get("Inference-Header-Content-Length")
+    doc = json.loads(body[:int(header_length)] if header_length else body)
+    (out,) = doc["outputs"]
+    assert out["name"] == "embedding" and out["datatype"] == "FP32"
+    if "data" in out:
+        return np.array(out["data"], np.float32).reshape(out["shape"])
+    size = out["parameters"]["binary_data_size"]
+    return np.frombuffer(body[int(header_length):], "<f4", count=size // 4).reshape(out["shape"])
+
+
+def server_timing(headers) -> dict[str, str]:
+    """name -> dur (ms, as text) or desc, from a W3C Server-Timing header."""
+    parts = {}
+    for metric in headers["Server-Timing"].split(","):
+        name, *params = (p.strip() for p in metric.split(";"))
+        for param in params:
+            key, value = param.split("=", 1)
+            parts[name] = value.strip('"')
+    return parts
+
+
+async def _post_all(url: str, bodies: list[bytes]) -> list[tuple[int, dict, bytes]]:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        async def post(body: bytes):
+            async with session.post(url, data=body) as response:
+                return response.status, response.headers, await response.read()
+
+        return await asyncio.gather(*(post(b) for b in bodies))
+
+
+def post_concurrently(url: str, bodies: list[bytes]) -> list[tuple[int, dict, bytes]]:
+    return asyncio.run(_post_all(url, bodies))
+
+
+def assert_healthy(server: Server) -> None:
+    assert http("GET", f"{server.url}/v2/health/ready")[0] == 200
+
+
+# --- tests ---------------------------------------------------------------------------------------------
+
+def test_json_and_binary_tensors_give_identical_embeddings(server):
+    ids, mask = token_inputs(rows=2, seq=12, pad=5)
+    status, headers, body = http("POST", server.infer_url, json_body(ids, mask))
+    assert status == 200 and headers["Content-Type"] == "application/json"
+    from_json = embedding(headers, body)
+    assert from_json.shape == (2, HIDDEN) and np.isfinite(from_json).all()
+
+    status, headers, body = http("POST", server.infer_url, *binary_body(ids, mask, **BINARY_OUT))
+    assert status == 200 and headers["Content-Type"] == "application/octet-stream"
+    np.testing.assert_array_equal(embedding(headers, body), from_json)
+
+    # JSON in, binary out asked per output.
+    doc = json.loads(json_body(ids, mask))
+    doc["outputs"] = [{"name": "embedding", "parameters": {"binary_data": True}}]
+    status, headers, body = http("POST", server.infer_url, json.dumps(doc).encode())
+    assert status == 200 and "Inference-Header-Content-Length" in headers
+    np.testing.assert_array_equal(embedding(headers, body), from_json)
+
+
+def test_metadata_and_health(server):
+    status, _, body = http("GET", f"{server.url}/v2/models/{MODEL}")
+    assert status == 200
+    meta = json.loads(body)
+    assert meta["name"] == MODEL and meta["platform"] == "onnxruntime_onnx"
+    assert meta["inputs"] == [{"name": "input_ids", "datatype": "INT64", "shape": [-1, -1]},
+                              {"name": "attention_mask", "datatype": "INT64", "shape": [-1, -1]}]
+    assert meta["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": [-1, HIDDEN]}]
+    for path in ("/v2/health/live", "/v2/health/ready", f"/v2/models/{MODEL}/ready", "/v2"):
+        status, headers, _ = http("GET", server.url + path)
+        assert status == 200 and headers["X-Replica-Id"]
+
+
+def test_server_timing_parts_fit_in_the_client_measured_time(server):
+    ids, mask = token_inputs(rows=1, seq=64)
+    for body, headers in ((json_body(ids, mask), {}), binary_body(ids, mask, **BINARY_OUT)):
+        started = time.perf_counter()
+        status, response_headers, _ = http("POST", server.infer_url, body, headers)
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        assert status == 200
+        parts = server_timing(response_headers)
+        assert parts["batch"] == "1"
+        durations = [float(parts[name]) for name in ("queue", "deser", "compute", "ser")]
+        assert all(d >= 0 for d in durations) and float(parts["compute"]) > 0
+        assert sum(durations) <= elapsed_ms
+        assert response_headers["X-Replica-Id"]
+
+
+def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(server):
+    # Lengths 9..16 share one bucket, so they are padded together; each answer must match the request alone.
+    inputs = [token_inputs(rows=1, seq=9 + i % 8, seed=i) for i in range(16)]
+    alone = [embedding(*http("POST", server.infer_url, json_body(*x))[1:]) for x in inputs]
+    answers = post_concurrently(server.infer_url, [json_body(*x) for x in inputs])
+    assert [status for status, _, _ in answers] == [200] * 16
+    assert max(int(server_timing(headers)["batch"]) for _, headers, _ in answers) > 1
+    for (_, headers, body), expected in zip(answers, alone):
+        np.testing.assert_allclose(embedding(headers, body), expected, atol=1e-5)
+
+
+def test_batch_size_one_turns_batching_off(unbatched):
+    answers = post_concurrently(unbatched.infer_url, [json_body(*token_inputs(1, 16, seed=i)) for i in range(16)])
+    assert [status for status, _, _ in answers] == [200] * 16
+    assert {server_timing(headers)["batch"] for _, headers, _ in answers} == {"1"}
+    status, _, body = http("POST", unbatched.infer_url, json_body(*token_inputs(rows=2, seq=8)))
+    assert status == 400 and "at most 1 rows" in json.loads(body)["error"]
+
+
+def test_longer_sequences_cost_more_compute(server):
+    def median_compute_ms(seq: int) -> float:
+        body, headers = binary_body(*token_inputs(rows=1, seq=seq))
+        return statistics.median(float(server_timing(http("POST", server.infer_url, body, headers)[1])["compute"])
+                                 for _ in range(5))
+
+    assert median_compute_ms(256) > median_compute_ms(16)
+
+
+def _request(**overrides) -> bytes:
+    """A valid JSON infer request (1x4 tokens) with its first input's fields replaced by `overrides`."""
+    doc = json.loads(json_body(*token_inputs(rows=1, seq=4)))
+    doc["inputs"][0].update(overrides)
+    return json.dumps(doc).encode()
+
+
+def _binary_with_size(size: int) -> tuple[bytes, dict[str, str]]:
+    body, headers = binary_body(*token_inputs(rows=1, seq=4))
+    return body.replace(b'"binary_data_size": 32', f'"binary_data_size": {size}'.encode(), 1), headers
+
+
+@pytest.mark.parametrize("body, headers, status, words", [
+    pytest.param(b'{"inputs": [', {}, 400, ["malformed JSON"], id="malformed-json"),
+    pytest.param(b"[1, 2]", {}, 400, ["JSON object"], id="not-an-object"),
+    pytest.param(b"[" * 100_000, {}, 400, ["nested too deeply"], id="deep-nesting"),
+    pytest.param(_request(datatype="FP32"), {}, 400, ["input_ids", "FP32", "INT64"], id="wrong-datatype"),
+    pytest.param(_request(datatype="FLOAT"), {}, 400, ["input_ids", "known datatypes"], id="unknown-datatype"),
+    pytest.param(_request(data=[1, 2, 3]), {}, 400, ["input_ids", "4 elements", "has 3"], id="data-length"),
+    pytest.param(_request(shape=[4]), {}, 400, ["input_ids", "dimensions"], id="wrong-rank"),
+    pytest.param(_request(shape=[1, 2], data=[1, 2]), {}, 400, ["input_ids", "attention_mask", "agree"],
+                 id="inputs-disagree"),
+    pytest.param(_request(shape=[1, 600], data=[1] * 600), {}, 400, ["input_ids", "at most 512"], id="too-long"),
+    pytest.param(_request(data=[1.5, 2, 3, 4]), {}, 400, ["input_ids", "floating-point", "integers"],
+                 id="floats-for-int64"),
+    pytest.param(_request(data=[[1, 2], [3]]), {}, 400, ["input_ids", "regular"], id="ragged-data"),
+    pytest.param(_request(name="token_ids"), {}, 400, ["token_ids", "input_ids"], id="unknown-input"),
+    pytest.param(_request(name="attention_mask"), {}, 400, ["attention_mask", "twice"], id="duplicate-input"),
+    pytest.param(*_binary_with_size(24), 400, ["input_ids", "binary_data_size", "32 bytes"], id="binary-size"),
+    pytest.param(b"{}", {"Inference-Header-Content-Length": "99"}, 400, ["Inference-Header-Content-Length"],
+                 id="header-length"),
+])
+def test_bad_requests_get_400_with_a_message(server, body, headers, status, words):
+    got, response_headers, answer = http("POST", server.infer_url, body, headers)
+    assert got == status and response_headers["Content-Type"].startswith("application/json")
+    message = json.loads(answer)["error"]
+    assert all(w in message for w in words), message
+    assert_healthy(server)
+
+
+def test_unknown_model_route_and_method_get_json_errors(server):
+    status, _, body = http("POST", f"{server.url}/v2/models/nope/infer", _request())
+    assert status == 404 and "'nope'" in json.loads(body)["error"]
+    assert http("GET", f"{server.url}/v2/models/nope")[0] == 404
+    status, _, body = http("GET", server.infer_url)
+    assert status == 405 and json.loads(body)["error"]
+    assert http("GET", f"{server.url}/no/such/path")[0] == 404
+    assert_healthy(server)
+
+
+def test_oversized_body_gets_413(strict):
+    body, headers = binary_body(*token_inputs(rows=1, seq=8192 // 2))  # 64 KiB of tokens + header > 65536
+    status, _, answer = http("POST", strict.infer_url, body, headers)
+    assert status == 413 and "--max-body-bytes" in json.loads(answer)["error"]
+    assert_healthy(strict)
+
+
+def test_overload_is_shed_with_429_while_accepted_requests_complete(strict):
+    bodies = [json_body(*token_inputs(rows=1, seq=512, seed=i)) for i in range(50)]
+    answers = post_concurrently(strict.infer_url, bodies)
+    statuses = [status for status, _, _ in answers]
+    assert set(statuses) == {200, 429}, statuses
+    for status, headers, body in answers:
+        if status == 429:
+            assert headers["Retry-After"] == "1" and "overloaded" in json.loads(body)["error"]
+        else:
+            assert embedding(headers, body).shape == (1, HIDDEN)
+    assert_healthy(strict)
+
+
+def test_metrics_are_exposed_in_prometheus_text(server):
+    http("POST", server.infer_url, json_body(*token_inputs(rows=1, seq=8)))
+    status, headers, body = http("GET", f"{server.url}/metrics")
+    assert status == 200 and headers["Content-Type"].startswith("text/plain")
+    text = body.decode()
+    assert 'latscope_ref_requests_total{endpoint="/v2/models/{name}/infer",status="200"}' in text
+    for name in ("latscope_ref_batch_size_bucket", "latscope_ref_request_duration_seconds_bucket",
+                 "latscope_ref_queue_duration_seconds_bucket", "latscope_ref_compute_duration_seconds_bucket",
+                 "latscope_ref_in_flight_requests", "latscope_ref_queue_depth", "latscope_ref_gc_pause_seconds",
+                 'latscope_ref_model_load_seconds{backend="onnxruntime",model="encoder"}'):
+        assert name in text, name
+
+
+def test_second_start_reuses_the_cached_model(server, unbatched, cache):
+    texts = [server.log.read_text(), unbatched.log.read_text()]
+    assert sum("reused cached" in t for t in texts) >= 1
+    assert len(list(cache.glob("*.onnx"))) == 1
+
+
+def test_sigterm_lets_in_flight_requests_finish(cache, tmp_path):
+    with running(cache, tmp_path, "--extra-latency-ms", "1500") as slow:
+        answer: list = []
+        client = threading.Thread(target=lambda: answer.append(
+            http("POST", slow.infer_url, json_body(*token_inputs(rows=1, seq=8)))))
+        client.start()
+        time.sleep(0.5)  # the request is inside its handler, sleeping
+    # `running` sent SIGTERM and checked exit status 0; the request still got its answer.
+    client.join(10)
+    assert answer and answer[0][0] == 200
