@@ -29,29 +29,28 @@ import argparse
 import csv
 import json
 import os
-import platform
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import Callable, Iterator
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
 if str(REPO) not in sys.path:  # run as a script from a checkout: import latscope from it
     sys.path.insert(0, str(REPO))
 
+from common import (  # noqa: E402
+    RESULTS_MD, fmt, free_port, machine_facts, machine_line, markdown_table, update_results_md, wait_until_up,
+)
 from latscope.run import Progress, run_scenario  # noqa: E402
 from latscope.scenario import scenario_from_dict  # noqa: E402
 
@@ -68,7 +67,6 @@ RSS_BASELINE_S = 30.0  # RSS "after start-up" is taken at this point of the run
 MEMORY_GROWTH_LIMIT_MB = 50.0
 MEMORY_TARGET_DURATION_S = 600.0
 
-RESULTS_MD = REPO / "benchmarks" / "RESULTS.md"
 SECTION_TITLE = "## generator (benchmarks/generator.py)"
 TARGET_TIMEOUT_S = 5.0  # latscope's per-request timeout
 
@@ -191,12 +189,6 @@ class Target:
         return [self.process.pid, *child_pids(self.process.pid)]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def find_nginx() -> str | None:
     found = shutil.which("nginx")
     if found:
@@ -226,28 +218,13 @@ def nginx_config(binary: str, tmp: Path, port: int) -> str:
     return NGINX_CONF.format(tmp=tmp, port=port, user=user, temp_paths=temp_paths)
 
 
-def wait_until_up(url: str, process: subprocess.Popen, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the target exited with code {process.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=1.0) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"the target did not answer {url} within {timeout_s:g} s")
-
-
 def start_target(name: str, command: list[str], ready_path: str, port: int, workdir: Path) -> Target:
     log = open(workdir / "target.out", "w")
     # A session of its own: our Ctrl-C does not reach it, and we stop it ourselves on the way out.
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
     target = Target(name, f"http://127.0.0.1:{port}", process, workdir)
     try:
-        wait_until_up(target.url + ready_path, process)
+        wait_until_up(target.url + ready_path, process, timeout_s=15.0)
     except RuntimeError:
         stop_target(target)
         raise
@@ -668,38 +645,6 @@ def measure_memory(target: Target, mode: Mode, runs_dir: Path) -> MemoryResult:
 PACKAGES = ("latscope", "httptools", "aiohttp", "uvloop", "numpy", "hdrhistogram", "pydantic", "locust", "geventhttpclient")
 
 
-def machine_facts() -> dict:
-    model = "?"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            model = line.split(":", 1)[1].strip()
-            break
-    versions = {}
-    for package in PACKAGES:
-        try:
-            versions[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            versions[package] = "not installed"
-    return {
-        "nproc": len(os.sched_getaffinity(0)),
-        "cpu_model": model,
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "packages": versions,
-        "loadavg_at_start": os.getloadavg(),
-    }
-
-
-def fmt(value: float | None, digits: int = 2) -> str:
-    return "–" if value is None else f"{value:.{digits}f}"
-
-
-def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def rate_table(tried: list[RateResult]) -> str:
     header = ["rate (req/s)", "offered", "achieved", "send_lag p50 / p99 (ms)", "latency p50 / p99 (ms)",
               "loop_lag p99 (ms)", "worker CPU %", "target CPU %", "sustained"]
@@ -765,13 +710,6 @@ def summary_table(report: dict) -> str:
     return markdown_table(["what", "result", "notes"], rows)
 
 
-def machine_line(facts: dict) -> str:
-    packages = ", ".join(f"{k} {v}" for k, v in facts["packages"].items())
-    load = ", ".join(f"{x:.2f}" for x in facts["loadavg_at_start"])
-    return (f"{facts['nproc']} CPUs ({facts['cpu_model']}), Linux {facts['kernel']}, Python {facts['python']}; "
-            f"{packages}; load average at start {load}")
-
-
 def results_section(report: dict) -> str:
     mode: Mode = report["mode_settings"]
     return f"""{SECTION_TITLE}
@@ -816,20 +754,6 @@ Raw numbers: `{report['json_file']}` (git-ignored; rerun the script to regenerat
 """
 
 
-def update_results_md(section: str, path: Path = RESULTS_MD) -> None:
-    """Replace the generator section of RESULTS.md (up to the next `## ` heading), or append it."""
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    lines = text.splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if line.rstrip() == SECTION_TITLE), None)
-    if start is None:
-        new_text = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        after = "".join(lines[end:])
-        new_text = "".join(lines[:start]) + section + ("\n" + after if after else "")
-    path.write_text(new_text)
-
-
 # ------------------------------------------------------------------------------------------------
 # Main
 # ------------------------------------------------------------------------------------------------
@@ -837,7 +761,7 @@ def update_results_md(section: str, path: Path = RESULTS_MD) -> None:
 
 def run_benchmark(mode: Mode, out_dir: Path) -> dict:
     runs_dir = out_dir / "latscope-runs"
-    facts = machine_facts()
+    facts = machine_facts(PACKAGES)
     print(f"machine: {machine_line(facts)}", flush=True)
     with running_target() as target:
         print(f"target: {target.name} at {target.url}", flush=True)
@@ -892,7 +816,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(section)
     if not args.no_results_md:
-        update_results_md(section)
+        update_results_md(section, SECTION_TITLE)
         print(f"wrote {json_file} and the generator section of {RESULTS_MD}")
     return 0
 

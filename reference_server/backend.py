@@ -6,7 +6,6 @@ so implementations need not be thread-safe.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 from abc import ABC, abstractmethod
@@ -81,20 +80,18 @@ class OnnxRuntimeBackend(Backend):
         return f"onnxruntime providers={','.join(providers)} intra_op_threads={self.threads}"
 
 
-def _tensorrt_unavailable() -> str:
-    """Why the TensorRT backend cannot be used here (it is a placeholder until the GPU slice lands)."""
-    if importlib.util.find_spec("tensorrt") is None:
-        return "TensorRT not installed"
-    return "the TensorRT backend is not implemented in this version"
-
-
 def choose_backend(choice: str) -> tuple[type[Backend], str]:
     """The backend class for `choice` (one of BACKENDS) and why it was picked; needs no model yet, so a
     backend that cannot run here fails before any model is built."""
-    if choice == "tensorrt":
-        raise BackendUnavailable(f"--backend tensorrt: {_tensorrt_unavailable()}; use --backend onnxruntime")
+    from reference_server.tensorrt_backend import TensorRTBackend, tensorrt_unavailable
+
     if choice == "onnxruntime":
         return OnnxRuntimeBackend, "requested with --backend onnxruntime"
-    if choice == "auto":
-        return OnnxRuntimeBackend, f"auto: tensorrt skipped ({_tensorrt_unavailable()})"
-    raise BackendUnavailable(f"unknown backend {choice!r}; choose one of {', '.join(BACKENDS)}")
+    if choice not in ("tensorrt", "auto"):
+        raise BackendUnavailable(f"unknown backend {choice!r}; choose one of {', '.join(BACKENDS)}")
+    why_not = tensorrt_unavailable()
+    if why_not is None:
+        return TensorRTBackend, "TensorRT and a CUDA GPU are available" + (" (auto)" if choice == "auto" else "")
+    if choice == "tensorrt":
+        raise BackendUnavailable(f"--backend tensorrt: {why_not}; use --backend onnxruntime")
+    return OnnxRuntimeBackend, f"auto: tensorrt skipped ({why_not})"

@@ -10,7 +10,8 @@ import click
 
 from reference_server.backend import BACKENDS
 from reference_server.model import DEFAULT_CACHE
-from reference_server.server import ServerConfig, StartupError, serve as run_server
+from reference_server.replicas import MAX_REPLICAS, replica_main, supervise
+from reference_server.server import ServerConfig, StartupError
 
 
 def _option(*decls: str, env: str | None = None, **kwargs):
@@ -21,13 +22,16 @@ def _option(*decls: str, env: str | None = None, **kwargs):
 
 @click.group()
 def main() -> None:
-    """latscope's reference inference server (KServe v2 REST; ONNX Runtime)."""
+    """latscope's reference inference server (KServe v2 REST and gRPC; ONNX Runtime)."""
 
 
 @main.command()
 @_option("--host", default="127.0.0.1", help="Address to listen on.")
 @_option("--http-port", type=click.IntRange(0, 65535), default=8000,
          help="HTTP port; 0 picks a free one (printed on the 'ready' line).")
+@_option("--grpc-port", type=click.IntRange(-1, 65535), default=None,
+         help="KServe v2 gRPC port; 0 picks a free one (printed on the 'ready-grpc' line), -1 turns gRPC off "
+              "[default: 8001; if 8001 is taken, gRPC stays off with a warning].")
 @_option("--model", type=click.Path(dir_okay=False, path_type=Path), default=None,
          help="ONNX file to serve instead of the built-in encoder.")
 @_option("--model-name", default="encoder", help="Name the model is served under (/v2/models/NAME).")
@@ -50,10 +54,38 @@ def main() -> None:
               "simulates a slower build for regression tests. Costs latency, not CPU.")
 @_option("--cache-dir", env="CACHE", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_CACHE,
          help="Where the built-in model is cached, one file per build parameters.")
+@_option("--replicas", type=click.IntRange(1, MAX_REPLICAS), default=1,
+         help="Replica processes sharing the port (SO_REUSEPORT), each with its own model and batcher.")
+@_option("--admin-port", type=click.IntRange(0, 65535), default=8002,
+         help="Port of the admin API (list/add/remove replicas); 0 picks a free one (printed on 'ready-admin').")
+@_option("--admin-token", default=None,
+         help="Bearer token the admin API requires; without one the admin API is off.")
+@_option("--prewarm/--no-prewarm", env="PREWARM", default=True,
+         help="Load and warm up the model before a replica accepts traffic; --no-prewarm accepts at once and "
+              "loads on the first request (the cold-start trap).")
+@_option("--idle-unload", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+         help="Unload the model after this long without a request; the next request reloads it [default: off].")
+@_option("--generator/--no-generator", env="GENERATOR", default=True,
+         help="Serve the built-in text decoder on the OpenAI-compatible /v1/completions and /v1/chat/completions.")
+@_option("--generator-name", default="decoder", help="Model name of the decoder on the /v1 routes.")
+@_option("--decoder-layers", type=click.IntRange(min=1), default=None,
+         help="Transformer layers of the built-in decoder [default: 4].")
+@_option("--max-sequences", type=click.IntRange(min=1), default=64,
+         help="Sequences decoded together (continuous batching); more wait, up to --max-queue, then 429.")
+@_option("--max-tokens-limit", type=click.IntRange(min=1), default=512,
+         help="Largest max_tokens a generation request may ask for (the context, 1024 tokens, also bounds it).")
 def serve(**flags) -> None:
     """Serve the model until SIGTERM/SIGINT; prints 'ready http://HOST:PORT' once it accepts traffic."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        asyncio.run(run_server(ServerConfig(**flags)))
+        asyncio.run(supervise(ServerConfig(**flags)))
     except StartupError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+@main.command(hidden=True)
+@click.option("--index", type=int, required=True)
+@click.option("--parent-pid", type=int, required=True)
+def replica(index: int, parent_pid: int) -> None:
+    """One replica, started by `serve` (its config arrives on stdin); not for direct use."""
+    replica_main(index, parent_pid)

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 SERVER_NAME = "latscope-ref"
 RETRY_AFTER_S = 1
+REPLICA_ID = web.AppKey("replica_id", str)  # what X-Replica-Id says, for routes mounted later
 
 
 @dataclass
@@ -145,12 +146,14 @@ def _observe(metrics: Metrics, replica_id: str) -> Middleware:
     return middleware
 
 
-def make_app(model: ServedModel, metrics: Metrics, *, max_body_bytes: int, extra_latency_ms: float) -> web.Application:
-    """The aiohttp application for one model; `max_body_bytes` over -> 413. Responses name this process
-    as the replica (`<hostname>-<pid>`), so build the app in the process that serves it."""
+def make_app(model: ServedModel, metrics: Metrics, *, max_body_bytes: int, extra_latency_ms: float,
+             replica_id: str | None = None) -> web.Application:
+    """The aiohttp application for one model; `max_body_bytes` over -> 413. Responses name the replica
+    (`replica_id`, e.g. `r1-12345` under the supervisor; else `<hostname>-<pid>` of the calling process)."""
     routes = V2Routes(model, metrics, max_body_bytes, extra_latency_ms)
-    replica_id = f"{socket.gethostname()}-{os.getpid()}"
+    replica_id = replica_id or f"{socket.gethostname()}-{os.getpid()}"
     app = web.Application(client_max_size=max_body_bytes, middlewares=[_observe(metrics, replica_id)])
+    app[REPLICA_ID] = replica_id
     app.router.add_get("/v2/health/live", routes.live)
     app.router.add_get("/v2/health/ready", routes.ready)
     app.router.add_get("/v2", routes.server_metadata)

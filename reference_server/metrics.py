@@ -17,6 +17,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from reference_server.gpu_metrics import gpu_collector
+
 PREFIX = "latscope_ref"
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 GC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -90,15 +92,62 @@ class Metrics:
         self.in_flight = Gauge(f"{PREFIX}_in_flight_requests", "HTTP requests being handled", registry=r)
         self.model_load_seconds = Gauge(f"{PREFIX}_model_load_seconds", "Time to load the model into its backend",
                                         ["model", "backend"], registry=r)
+        # Cold starts (replicas.py): how and when the model got loaded, warmed up, unloaded; when this replica was ready.
+        self.model_loads = Counter(f"{PREFIX}_model_loads", "Model loads by reason: prewarm (before taking traffic), "
+                                   "first_request (lazy, --no-prewarm), idle_reload (after an --idle-unload)",
+                                   ["model", "reason"], registry=r)
+        self.model_unloads = Counter(f"{PREFIX}_model_unloads", "Model unloads after --idle-unload seconds idle",
+                                     ["model"], registry=r)
+        self.model_loaded = Gauge(f"{PREFIX}_model_loaded", "1 while the model is loaded in this replica",
+                                  ["model"], registry=r)
+        self.model_warmup_seconds = Gauge(f"{PREFIX}_model_warmup_seconds",
+                                          "Time of the warm-up runs before taking traffic (--prewarm)",
+                                          ["model", "backend"], registry=r)
+        self.replica_start_time = Gauge(f"{PREFIX}_replica_start_timestamp_seconds",
+                                        "Unix time the supervisor started this replica's process", ["replica"],
+                                        registry=r)
+        self.replica_ready_time = Gauge(f"{PREFIX}_replica_ready_timestamp_seconds",
+                                        "Unix time this replica started accepting connections", ["replica"],
+                                        registry=r)
         # The server points this at its batcher with set_function (the batcher needs on_batch first).
         self.queue_depth = Gauge(f"{PREFIX}_queue_depth", "Requests waiting for the inference thread", registry=r)
+        # Text generation (openai_api.py, generation.py); the server points the two gauges at its generator.
+        self.generation_requests = Counter(f"{PREFIX}_generation_requests", "Generation requests admitted, by API "
+                                           "(completions, chat) and streaming", ["api", "stream"], registry=r)
+        self.generated_tokens = Counter(f"{PREFIX}_generated_tokens", "Tokens generated (by prefills and decode "
+                                        "steps)", registry=r)
+        self.ttft_seconds = Histogram(f"{PREFIX}_time_to_first_token_seconds", "Generation: request received to "
+                                      "first token generated", buckets=LATENCY_BUCKETS, registry=r)
+        self.prefill_seconds = Histogram(f"{PREFIX}_prefill_duration_seconds", "Per prefill run (one or more "
+                                         "prompts): backend run time", buckets=LATENCY_BUCKETS, registry=r)
+        self.decode_step_seconds = Histogram(f"{PREFIX}_decode_step_duration_seconds", "Per decode step: backend "
+                                             "run time", buckets=LATENCY_BUCKETS, registry=r)
+        self.decode_batch_size = Histogram(f"{PREFIX}_decode_batch_size", "Sequences per decode step",
+                                           buckets=BATCH_BUCKETS, registry=r)
+        self.active_sequences = Gauge(f"{PREFIX}_active_sequences", "Sequences being decoded", registry=r)
+        self.waiting_sequences = Gauge(f"{PREFIX}_waiting_sequences", "Generation requests waiting for a "
+                                       "sequence slot", registry=r)
         self.gc = GcPauseCollector()
         r.register(self.gc)
+        gpus = gpu_collector()  # None (and a log line) without an NVIDIA GPU
+        if gpus is not None:
+            r.register(gpus)
 
     def on_batch(self, rows: int, compute_ns: int) -> None:
         """Batcher observer: one call per backend run, from the inference thread."""
         self.batch_size.observe(rows)
         self.compute_seconds.observe(compute_ns / 1e9)
+
+    def on_prefill(self, rows: int, tokens: int, compute_ns: int) -> None:
+        """Generator observer: one call per prefill run (each row yields its first token), inference thread."""
+        self.generated_tokens.inc(rows)
+        self.prefill_seconds.observe(compute_ns / 1e9)
+
+    def on_decode_step(self, rows: int, compute_ns: int) -> None:
+        """Generator observer: one call per decode step (one token per row), inference thread."""
+        self.generated_tokens.inc(rows)
+        self.decode_batch_size.observe(rows)
+        self.decode_step_seconds.observe(compute_ns / 1e9)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

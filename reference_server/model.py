@@ -13,6 +13,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import onnx
@@ -136,23 +137,34 @@ def build_encoder(cfg: EncoderConfig) -> onnx.ModelProto:
         outputs=[helper.make_tensor_value_info("embedding", TensorProto.FLOAT, [BATCH, cfg.hidden])],
         initializer=g.weights,
     )
+    return finish_model(graph, SEQUENCE, cfg.max_seq, cfg)
+
+
+def finish_model(graph: onnx.GraphProto, limited_dim: str, limit: int, cfg: Any) -> onnx.ModelProto:
+    """The checked model around `graph`, pinned to OPSET / IR_VERSION, declaring the upper bound of its
+    variable dimension `limited_dim` (requests past it are refused up front) and the config it was built from."""
     model = helper.make_model(graph, producer_name="latscope-ref", opset_imports=[helper.make_opsetid("", OPSET)])
     model.ir_version = IR_VERSION
-    helper.set_model_props(model, {f"{MAX_DIM_PREFIX}{SEQUENCE}": str(cfg.max_seq),
+    helper.set_model_props(model, {f"{MAX_DIM_PREFIX}{limited_dim}": str(limit),
                                    "latscope_ref.config": json.dumps(asdict(cfg), sort_keys=True)})
     onnx.checker.check_model(model)
     return model
 
 
-def cached_encoder(cfg: EncoderConfig, cache_dir: Path) -> tuple[Path, bool]:
-    """Path of the encoder for `cfg` in `cache_dir`, building it when absent; also whether it was reused.
+def cached_model(kind: str, key: str, build: Callable[[], onnx.ModelProto], cache_dir: Path) -> tuple[Path, bool]:
+    """Path of `cache_dir`/KIND-KEY.onnx, calling `build` when absent; also whether it was reused.
 
     The file is written to a temporary name and renamed, so concurrent starts never read half a model."""
-    path = cache_dir / f"encoder-{cfg.cache_key()}.onnx"
+    path = cache_dir / f"{kind}-{key}.onnx"
     if path.exists():
         return path, True
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    onnx.save_model(build_encoder(cfg), str(tmp))
+    onnx.save_model(build(), str(tmp))
     os.replace(tmp, path)
     return path, False
+
+
+def cached_encoder(cfg: EncoderConfig, cache_dir: Path) -> tuple[Path, bool]:
+    """Path of the encoder for `cfg` in `cache_dir`, building it when absent; also whether it was reused."""
+    return cached_model("encoder", cfg.cache_key(), lambda: build_encoder(cfg), cache_dir)

@@ -1,8 +1,10 @@
-"""Starting and stopping the server: model -> backend -> batcher -> HTTP front end.
+"""Starting and stopping the server: model -> backend -> batcher -> HTTP and gRPC front ends.
 
 Startup logs one line per fact (model, backend and why, batching, address) and prints
-`ready http://HOST:PORT` on stdout once connections are accepted. SIGTERM or SIGINT stops accepting,
-lets in-flight requests finish, stops the inference thread and returns (exit status 0).
+`ready http://HOST:PORT` on stdout once connections are accepted (then `ready-grpc HOST:PORT` when
+the gRPC front end is on; it starts first, so it already accepts connections by then). SIGTERM or
+SIGINT stops accepting, lets in-flight requests finish, stops the inference thread and returns (exit
+status 0).
 """
 
 from __future__ import annotations
@@ -12,16 +14,19 @@ import logging
 import signal
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
 
 from reference_server.backend import Backend, BackendUnavailable, choose_backend
 from reference_server.batcher import Batcher
+from reference_server.grpc_server import bind_grpc
 from reference_server.http_server import ServedModel, make_app
 from reference_server.metrics import Metrics
 from reference_server.model import DEFAULT_CACHE, EncoderConfig, cached_encoder
+from reference_server.openai_api import mount_generator
+from reference_server.replicas import ReplicaRole, managed_model
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +41,7 @@ class StartupError(Exception):
 class ServerConfig:
     host: str = "127.0.0.1"
     http_port: int = 8000
+    grpc_port: int | None = None  # None: 8001, or no gRPC (warning) when taken; 0: any free port; -1: no gRPC
     model: Path | None = None  # None: the built-in encoder
     model_name: str = "encoder"
     backend: str = "auto"
@@ -47,6 +53,18 @@ class ServerConfig:
     layers: int | None = None  # None: the encoder's default; only for the built-in model
     extra_latency_ms: float = 0.0
     cache_dir: Path = DEFAULT_CACHE  # where the built-in model is cached
+    # Replicas and cold starts (replicas.py, admin.py).
+    replicas: int = 1  # replica processes sharing the port(s) with SO_REUSEPORT
+    admin_port: int = 8002  # the supervisor's admin API; 0 = any free port
+    admin_token: str | None = field(default=None, repr=False)  # None: admin API off
+    prewarm: bool = True  # load + warm up before accepting traffic; False: load on the first request
+    idle_unload: float | None = None  # seconds without a request before the model is unloaded
+    # Text generation (openai_api.py, generation.py): the built-in decoder on the OpenAI-compatible /v1 routes.
+    generator: bool = True
+    generator_name: str = "decoder"
+    decoder_layers: int | None = None  # None: the decoder's default
+    max_sequences: int = 64  # sequences decoded together; more wait (up to max_queue, then 429)
+    max_tokens_limit: int = 512  # largest max_tokens a request may ask for
 
 
 def resolve_model(config: ServerConfig) -> Path:
@@ -69,7 +87,9 @@ def resolve_model(config: ServerConfig) -> Path:
 def load_backend(backend_class: type[Backend], why: str, config: ServerConfig, model_path: Path) -> tuple[Backend, float]:
     """The backend with the model loaded, and the load time in seconds."""
     try:
-        backend = backend_class(model_path, config.threads)
+        extra = {"max_batch": config.max_batch_size, "cache_dir": config.cache_dir / "engines"} \
+            if backend_class.name == "tensorrt" else {}
+        backend = backend_class(model_path, config.threads, **extra)
     except Exception as exc:  # noqa: BLE001 - onnx/protobuf raise many types for a file that is not a model
         raise StartupError(f"cannot read model {model_path}: {exc}") from None
     started = time.perf_counter()
@@ -82,28 +102,39 @@ def load_backend(backend_class: type[Backend], why: str, config: ServerConfig, m
     return backend, load_s
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    """Bind now so a taken port fails before the model loads; listening starts only when the app is ready."""
+def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """Bind now so a taken port fails before the model loads; listening starts only when the app is ready.
+    `reuse_port`: SO_REUSEPORT, so that every replica listens on the same port (the kernel spreads connections)."""
     try:
         family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(address)
     except OSError as exc:
         raise StartupError(f"cannot listen on {host}:{port} (--host/--http-port): {exc}") from None
     return sock
 
 
-async def serve(config: ServerConfig) -> None:
-    """Run until SIGTERM/SIGINT, then drain and return."""
+async def serve(config: ServerConfig, replica: ReplicaRole | None = None) -> None:
+    """Run until SIGTERM/SIGINT, then drain and return. `replica`: run as one replica under the supervisor
+    (replicas.py): SO_REUSEPORT on the shared port, its id in X-Replica-Id, state reported on stdout."""
     try:
         backend_class, why = choose_backend(config.backend)
     except BackendUnavailable as exc:
         raise StartupError(str(exc)) from None
-    sock = _bind(config.host, config.http_port)
-    backend, load_s = load_backend(backend_class, why, config, resolve_model(config))
+    sock = _bind(config.host, config.http_port, reuse_port=replica is not None)
+    try:
+        grpc_front = bind_grpc(config.host, config.grpc_port, max_body_bytes=config.max_body_bytes,
+                               reuse_port=replica is not None)
+    except OSError as exc:
+        raise StartupError(f"{exc} (--host/--grpc-port)") from None
+    model_path = resolve_model(config)
     metrics = Metrics()
-    metrics.model_load_seconds.labels(config.model_name, backend.name).set(load_s)
+    # Loaded and warmed up here with --prewarm; else by the first request (and again after --idle-unload).
+    backend = managed_model(config, backend_class, lambda: load_backend(backend_class, why, config, model_path),
+                            model_path, metrics, replica)
     batcher = Batcher(backend.run, backend.signature, max_batch_size=config.max_batch_size,
                       max_queue_delay_us=config.max_queue_delay_us, max_queue=config.max_queue,
                       on_batch=metrics.on_batch)
@@ -111,28 +142,45 @@ async def serve(config: ServerConfig) -> None:
     log.info("batching: max %d rows per run, max queue delay %d us, queue bound %d", batcher.max_rows,
              config.max_queue_delay_us, config.max_queue)
 
-    app = make_app(ServedModel(config.model_name, backend.platform, backend.signature, batcher), metrics,
-                   max_body_bytes=config.max_body_bytes, extra_latency_ms=config.extra_latency_ms)
+    served = ServedModel(config.model_name, backend.platform, backend.signature, batcher)
+    if grpc_front:
+        grpc_front.serve_model(served, metrics, extra_latency_ms=config.extra_latency_ms,
+                               replica_id=replica.id if replica else None)
+    app = make_app(served, metrics,
+                   max_body_bytes=config.max_body_bytes, extra_latency_ms=config.extra_latency_ms,
+                   replica_id=replica.id if replica else None)
+    generator = mount_generator(app, config, metrics)  # None with --no-generator
     if config.extra_latency_ms:
         log.info("extra latency: %.1f ms added to every infer request (--extra-latency-ms)", config.extra_latency_ms)
     runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
     await runner.setup()
     batcher.start()
+    if generator:
+        generator.start()
     metrics.gc.install()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
+        if grpc_front:
+            await grpc_front.start()
+            log.info("grpc listening on %s (inference.GRPCInferenceService)", grpc_front.address)
         await web.SockSite(runner, sock).start()
         host, port = sock.getsockname()[:2]
         url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
         log.info("listening on %s", url)
         print(f"ready {url}", flush=True)
+        if grpc_front:
+            print(f"ready-grpc {grpc_front.address}", flush=True)
+        backend.on_listening(replica)  # ready timestamp metric, idle-unload watcher, tells the supervisor
         await stop.wait()
         log.info("shutting down: finishing in-flight requests")
     finally:
-        await runner.cleanup()
+        await asyncio.gather(runner.cleanup(), *([grpc_front.stop(SHUTDOWN_TIMEOUT_S)] if grpc_front else []))
         await asyncio.to_thread(batcher.stop)
+        if generator:
+            await asyncio.to_thread(generator.stop)
+        backend.stop()
         metrics.gc.uninstall()
     log.info("stopped")

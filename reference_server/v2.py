@@ -77,7 +77,7 @@ _KIND_WORDS = {"b": "booleans", "i": "integers", "u": "integers", "f": "floating
                "U": "strings", "O": "mixed or null values"}  # numpy dtype kind -> words for error messages
 
 
-def _from_json(spec: TensorSpec, data: Any, shape: tuple[int, ...]) -> np.ndarray:
+def from_json(spec: TensorSpec, data: Any, shape: tuple[int, ...]) -> np.ndarray:
     try:
         array = np.asarray(data)
     except ValueError as exc:  # ragged nesting
@@ -98,7 +98,7 @@ def _from_json(spec: TensorSpec, data: Any, shape: tuple[int, ...]) -> np.ndarra
     return array.reshape(shape).astype(target.newbyteorder("="), copy=False)
 
 
-def _from_binary(spec: TensorSpec, size: Any, raw: memoryview, offset: int, shape: tuple[int, ...]) -> np.ndarray:
+def from_binary(spec: TensorSpec, size: Any, raw: memoryview, offset: int, shape: tuple[int, ...]) -> np.ndarray:
     expected = math.prod(shape) * spec.dtype.itemsize
     if not isinstance(size, int) or isinstance(size, bool) or size != expected:
         raise BadRequest(f"input '{spec.name}': binary_data_size is {size!r}, shape {list(shape)} of "
@@ -121,6 +121,28 @@ def _split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryvi
     return body[:n], memoryview(body)[n:]
 
 
+def check_input(signature: Signature, name: Any, datatype: Any, shape: Any, inputs: dict[str, np.ndarray],
+                seen: dict[str, tuple[int, str]]) -> tuple[TensorSpec, tuple[int, ...]]:
+    """The spec and checked shape of one request input: a known name, given once, the model's datatype
+    and a shape the model accepts. Shared by the REST and gRPC front ends so both say the same thing."""
+    spec = signature.input(name) if isinstance(name, str) else None
+    if spec is None:
+        expected = ", ".join(t.name for t in signature.inputs)
+        raise BadRequest(f"unknown input {name!r}; the model's inputs are: {expected}")
+    if name in inputs:
+        raise BadRequest(f"input '{name}' is given twice")
+    if datatype != spec.datatype:
+        hint = "" if datatype in V2_DTYPES else f"; known datatypes: {', '.join(V2_DTYPES)}"
+        raise BadRequest(f"input '{name}': datatype {datatype!r} does not match the model's {spec.datatype}{hint}")
+    return spec, _check_shape(spec, shape, signature, seen)
+
+
+def check_all_given(signature: Signature, inputs: dict[str, np.ndarray]) -> None:
+    missing = [t.name for t in signature.inputs if t.name not in inputs]
+    if missing:
+        raise BadRequest(f"missing input(s): {', '.join(missing)}")
+
+
 def decode_request(body: bytes, header_length: str | None, signature: Signature) -> InferRequest:
     """Parse and validate an infer request; `header_length` is the Inference-Header-Content-Length header."""
     header, raw = _split_body(body, header_length)
@@ -141,29 +163,17 @@ def decode_request(body: bytes, header_length: str | None, signature: Signature)
     for item in items:
         item = _object(item, "each entry of 'inputs'")
         name = item.get("name")
-        spec = signature.input(name) if isinstance(name, str) else None
-        if spec is None:
-            expected = ", ".join(t.name for t in signature.inputs)
-            raise BadRequest(f"unknown input {name!r}; the model's inputs are: {expected}")
-        if name in inputs:
-            raise BadRequest(f"input '{name}' is given twice")
-        datatype = item.get("datatype")
-        if datatype != spec.datatype:
-            hint = "" if datatype in V2_DTYPES else f"; known datatypes: {', '.join(V2_DTYPES)}"
-            raise BadRequest(f"input '{name}': datatype {datatype!r} does not match the model's {spec.datatype}{hint}")
-        shape = _check_shape(spec, item.get("shape"), signature, seen)
+        spec, shape = check_input(signature, name, item.get("datatype"), item.get("shape"), inputs, seen)
         params = _object(item.get("parameters"), f"input '{name}': parameters")
         if "binary_data_size" in params:
-            inputs[name] = _from_binary(spec, params["binary_data_size"], raw, offset, shape)
+            inputs[name] = from_binary(spec, params["binary_data_size"], raw, offset, shape)
             offset += params["binary_data_size"]
         elif "data" in item:
-            inputs[name] = _from_json(spec, item["data"], shape)
+            inputs[name] = from_json(spec, item["data"], shape)
         else:
             raise BadRequest(f"input '{name}' has neither 'data' nor parameters.binary_data_size")
 
-    missing = [t.name for t in signature.inputs if t.name not in inputs]
-    if missing:
-        raise BadRequest(f"missing input(s): {', '.join(missing)}")
+    check_all_given(signature, inputs)
     if offset != len(raw):
         raise BadRequest(f"body has {len(raw) - offset} bytes of binary data that no input claims")
 

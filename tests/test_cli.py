@@ -61,6 +61,15 @@ def test_validate_prints_the_plan(tmp_path):
     assert "5 requests" in r.stdout
 
 
+def test_shipped_scenarios_are_valid_and_launch_the_reference_server():
+    for path in sorted((REPO / "scenarios").glob("*.yaml")):
+        r = latscope("validate", str(path))
+        assert r.returncode == 0, f"{path.name}: {r.stderr}"
+        data = yaml.safe_load(path.read_text())
+        if path.stem in ("smoke", "burst", "scale_up"):
+            assert "python -m reference_server serve" in data["target"]["launch"]["command"], path.name
+
+
 def test_schema_is_json_schema():
     r = latscope("schema")
     schema = json.loads(r.stdout)

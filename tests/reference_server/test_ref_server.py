@@ -5,16 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import statistics
-import subprocess
-import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -22,75 +16,24 @@ import aiohttp
 import numpy as np
 import pytest
 
-from conftest import REPO, free_port
+from conftest import free_port
+import refserver
+from refserver import (HIDDEN, MODEL, Server, binary_body, embedding, http, json_body, running_server, server_timing,
+                       token_inputs)
 
-READY_TIMEOUT_S = 60
-MODEL = "encoder"
-HIDDEN = 384
 BINARY_OUT = {"binary_data_output": True}
 
-
-@dataclass
-class Server:
-    url: str
-    log: Path
-
-    @property
-    def infer_url(self) -> str:
-        return f"{self.url}/v2/models/{MODEL}/infer"
-
-
-def http(method: str, url: str, body: bytes | None = None, headers: dict | None = None):
-    """(status, headers, body) for one request; 4xx/5xx are answers, not exceptions."""
-    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, response.headers, response.read()
-    except urllib.error.HTTPError as error:
-        return error.code, error.headers, error.read()
+# The shared module-scoped fixtures (refserver.py), bound here so that pytest finds them by name.
+cache, logs = refserver.cache, refserver.logs
 
 
 @contextmanager
 def running(cache: Path, logs: Path, *flags: str) -> Iterator[Server]:
     """Start `python -m reference_server serve` on a free port, wait until ready; SIGTERM must exit 0."""
     port = free_port()
-    log = logs / f"server-{port}.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "reference_server", "serve", "--http-port", str(port),
-                                 "--cache-dir", str(cache), "--layers", "2", *flags],
-                                cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
-    server = Server(f"http://127.0.0.1:{port}", log)
-    try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:
-            assert proc.poll() is None, f"server exited with {proc.returncode}:\n{log.read_text()}"
-            assert time.monotonic() < deadline, f"server not ready in {READY_TIMEOUT_S} s:\n{log.read_text()}"
-            try:
-                if http("GET", f"{server.url}/v2/health/ready")[0] == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.1)
+    with running_server(logs, "--http-port", str(port), "--cache-dir", str(cache), "--layers", "2", *flags) as server:
+        assert server.url == f"http://127.0.0.1:{port}"
         yield server
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            returncode = proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-    assert returncode == 0, log.read_text()
-    assert f"ready {server.url}" in log.read_text()
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("ref-cache")
-
-
-@pytest.fixture(scope="module")
-def logs(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("ref-logs")
 
 
 @pytest.fixture(scope="module")
@@ -112,53 +55,7 @@ def strict(cache, logs) -> Iterator[Server]:
         yield s
 
 
-# --- request building and response parsing -------------------------------------------------------------
-
-def token_inputs(rows: int, seq: int, seed: int = 0, pad: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Random ids; the last `pad` positions of the last row are masked out."""
-    ids = np.random.default_rng(seed).integers(0, 8192, size=(rows, seq), dtype=np.int64)
-    mask = np.ones_like(ids)
-    if pad:
-        mask[-1, -pad:] = 0
-    return ids, mask
-
-
-def json_body(ids: np.ndarray, mask: np.ndarray, **parameters) -> bytes:
-    inputs = [{"name": n, "shape": list(a.shape), "datatype": "INT64", "data": a.ravel().tolist()}
-              for n, a in (("input_ids", ids), ("attention_mask", mask))]
-    return json.dumps({"inputs": inputs, "parameters": parameters}).encode()
-
-
-def binary_body(ids: np.ndarray, mask: np.ndarray, **parameters) -> tuple[bytes, dict[str, str]]:
-    inputs = [{"name": n, "shape": list(a.shape), "datatype": "INT64", "parameters": {"binary_data_size": a.nbytes}}
-              for n, a in (("input_ids", ids), ("attention_mask", mask))]
-    header = json.dumps({"inputs": inputs, "parameters": parameters}).encode()
-    return (header + ids.astype("<i8").tobytes() + mask.astype("<i8").tobytes(),
-            {"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"})
-
-
-def embedding(headers, body: bytes) -> np.ndarray:
-    """The 'embedding' output of a JSON or binary infer response."""
-    header_length = headers.get("Inference-Header-Content-Length")
-    doc = json.loads(body[:int(header_length)] if header_length else body)
-    (out,) = doc["outputs"]
-    assert out["name"] == "embedding" and out["datatype"] == "FP32"
-    if "data" in out:
-        return np.array(out["data"], np.float32).reshape(out["shape"])
-    size = out["parameters"]["binary_data_size"]
-    return np.frombuffer(body[int(header_length):], "<f4", count=size // 4).reshape(out["shape"])
-
-
-def server_timing(headers) -> dict[str, str]:
-    """name -> dur (ms, as text) or desc, from a W3C Server-Timing header."""
-    parts = {}
-    for metric in headers["Server-Timing"].split(","):
-        name, *params = (p.strip() for p in metric.split(";"))
-        for param in params:
-            key, value = param.split("=", 1)
-            parts[name] = value.strip('"')
-    return parts
-
+# --- requests ------------------------------------------------------------------------------------------
 
 async def _post_all(url: str, bodies: list[bytes]) -> list[tuple[int, dict, bytes]]:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
@@ -218,7 +115,7 @@ def test_server_timing_parts_fit_in_the_client_measured_time(server):
         status, response_headers, _ = http("POST", server.infer_url, body, headers)
         elapsed_ms = (time.perf_counter() - started) * 1000
         assert status == 200
-        parts = server_timing(response_headers)
+        parts = server_timing(response_headers["Server-Timing"])
         assert parts["batch"] == "1"
         durations = [float(parts[name]) for name in ("queue", "deser", "compute", "ser")]
         assert all(d >= 0 for d in durations) and float(parts["compute"]) > 0
@@ -232,7 +129,7 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(server):
     alone = [embedding(*http("POST", server.infer_url, json_body(*x))[1:]) for x in inputs]
     answers = post_concurrently(server.infer_url, [json_body(*x) for x in inputs])
     assert [status for status, _, _ in answers] == [200] * 16
-    assert max(int(server_timing(headers)["batch"]) for _, headers, _ in answers) > 1
+    assert max(int(server_timing(headers["Server-Timing"])["batch"]) for _, headers, _ in answers) > 1
     for (_, headers, body), expected in zip(answers, alone):
         np.testing.assert_allclose(embedding(headers, body), expected, atol=1e-5)
 
@@ -240,7 +137,7 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(server):
 def test_batch_size_one_turns_batching_off(unbatched):
     answers = post_concurrently(unbatched.infer_url, [json_body(*token_inputs(1, 16, seed=i)) for i in range(16)])
     assert [status for status, _, _ in answers] == [200] * 16
-    assert {server_timing(headers)["batch"] for _, headers, _ in answers} == {"1"}
+    assert {server_timing(headers["Server-Timing"])["batch"] for _, headers, _ in answers} == {"1"}
     status, _, body = http("POST", unbatched.infer_url, json_body(*token_inputs(rows=2, seq=8)))
     assert status == 400 and "at most 1 rows" in json.loads(body)["error"]
 
@@ -248,8 +145,9 @@ def test_batch_size_one_turns_batching_off(unbatched):
 def test_longer_sequences_cost_more_compute(server):
     def median_compute_ms(seq: int) -> float:
         body, headers = binary_body(*token_inputs(rows=1, seq=seq))
-        return statistics.median(float(server_timing(http("POST", server.infer_url, body, headers)[1])["compute"])
-                                 for _ in range(5))
+        return statistics.median(
+            float(server_timing(http("POST", server.infer_url, body, headers)[1]["Server-Timing"])["compute"])
+            for _ in range(5))
 
     assert median_compute_ms(256) > median_compute_ms(16)
 

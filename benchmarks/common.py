@@ -1,0 +1,92 @@
+"""What every benchmark script here needs: free ports, waiting for a server, machine facts, Markdown
+tables and rewriting its own section of benchmarks/RESULTS.md (other sections are kept)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from importlib import metadata
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS_MD = REPO / "benchmarks" / "RESULTS.md"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until_up(url: str, process: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    """Poll `url` until it answers 200; fail early if `process` exits."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited with code {process.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} did not answer within {timeout_s:g} s")
+
+
+def machine_facts(packages: tuple[str, ...]) -> dict:
+    model = "?"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    versions = {}
+    for package in packages:
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    return {
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu_model": model,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "packages": versions,
+        "loadavg_at_start": os.getloadavg(),
+    }
+
+
+def machine_line(facts: dict) -> str:
+    packages = ", ".join(f"{k} {v}" for k, v in facts["packages"].items())
+    load = ", ".join(f"{x:.2f}" for x in facts["loadavg_at_start"])
+    return (f"{facts['nproc']} CPUs ({facts['cpu_model']}), Linux {facts['kernel']}, Python {facts['python']}; "
+            f"{packages}; load average at start {load}")
+
+
+def fmt(value: float | None, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def update_results_md(section: str, title: str, path: Path = RESULTS_MD) -> None:
+    """Replace the section headed `title` (up to the next `## ` heading) in RESULTS.md, or append it."""
+    text = path.read_text() if path.exists() else "# Benchmark results\n"
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if line.rstrip() == title), None)
+    if start is None:
+        new_text = text.rstrip("\n") + "\n\n" + section
+    else:
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        after = "".join(lines[end:])
+        new_text = "".join(lines[:start]) + section + ("\n" + after if after else "")
+    path.write_text(new_text)
