@@ -267,6 +267,8 @@ class OpenAIRoutes:
             return json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise ApiError(400, "request body is not valid JSON: nested too deeply") from None
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         arrived = time.perf_counter_ns()

@@ -152,7 +152,8 @@ def test_errors_are_openai_shaped_and_the_server_stays_healthy(server, client):
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=MODEL, messages=[], max_tokens=4)
 
-    for path, body in [("completions", b"{not json"), ("chat/completions", b"[1, 2]"),
+    for path, body in [("completions", b"{not json"), ("completions", b"[" * 20000 + b"]" * 20000),
+                       ("chat/completions", b"[1, 2]"),
                        ("chat/completions", json.dumps({"model": MODEL, "prompt": "no messages"}).encode())]:
         status, headers, raw = http("POST", f"{server}/v1/{path}", body, {"Content-Type": "application/json"})
         error = json.loads(raw)["error"]
