@@ -91,7 +91,7 @@ def make_app(supervisor: Supervisor, token: str) -> web.Application:
         if body.strip():
             try:
                 options = json.loads(body)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:
                 return _error(400, f"body is not JSON: {exc}")
             if not isinstance(options, dict) or set(options) - {"prewarm"}:
                 return _error(400, 'body must be a JSON object with at most {"prewarm": true|false}')
