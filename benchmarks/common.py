@@ -3,6 +3,7 @@ tables and rewriting its own section of benchmarks/RESULTS.md (other sections ar
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import socket
@@ -10,6 +11,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
@@ -90,3 +92,13 @@ def update_results_md(section: str, title: str, path: Path = RESULTS_MD) -> None
         after = "".join(lines[end:])
         new_text = "".join(lines[:start]) + section + ("\n" + after if after else "")
     path.write_text(new_text)
+
+
+def write_report_json(report: dict, out_dir: Path, name: str) -> Path:
+    """Write `report` to OUT_DIR/NAME-<UTC time>.json, first recording that path (relative to the repo
+    when inside it) in report["json_file"] so the Markdown section can point at it."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}.json"
+    report["json_file"] = str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    return path

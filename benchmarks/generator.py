@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
 import re
 import shutil
@@ -50,6 +49,7 @@ if str(REPO) not in sys.path:  # run as a script from a checkout: import latscop
 
 from common import (  # noqa: E402
     RESULTS_MD, fmt, free_port, machine_facts, machine_line, markdown_table, update_results_md, wait_until_up,
+    write_report_json,
 )
 from latscope.run import Progress, run_scenario  # noqa: E402
 from latscope.scenario import scenario_from_dict  # noqa: E402
@@ -805,13 +805,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; the target was stopped, nothing was written", file=sys.stderr)
         return 130
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    json_file = args.out / f"generator-{mode.name}-{stamp}.json"
-    try:
-        report["json_file"] = str(json_file.relative_to(REPO))
-    except ValueError:
-        report["json_file"] = str(json_file)
-    json_file.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    json_file = write_report_json(report, args.out, f"generator-{mode.name}")
     section = results_section(report)
     print()
     print(section)

@@ -45,7 +45,9 @@ import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 from onnx import TensorProto, helper  # noqa: E402
 
-from common import fmt, free_port, machine_facts, machine_line, markdown_table, update_results_md, wait_until_up  # noqa: E402
+from common import (  # noqa: E402
+    fmt, free_port, machine_facts, machine_line, markdown_table, update_results_md, wait_until_up, write_report_json,
+)
 from latscope.run import run_scenario  # noqa: E402
 from latscope.scenario import scenario_from_dict  # noqa: E402
 from reference_server.model import EncoderConfig, cached_encoder  # noqa: E402
@@ -424,10 +426,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{part}:", flush=True)
             report[part] = {"capacity": capacity, "serialization": serialization, "cold_start": cold_start}[part](mode, work)
     report["finished_at"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    args.out.mkdir(parents=True, exist_ok=True)
-    json_file = args.out / f"reference_server-{mode.name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}.json"
-    report["json_file"] = str(json_file.relative_to(REPO)) if json_file.is_relative_to(REPO) else str(json_file)
-    json_file.write_text(json.dumps(report, indent=2) + "\n")
+    json_file = write_report_json(report, args.out, f"reference_server-{mode.name}")
     if set(parts) == {"capacity", "serialization", "cold_start"}:
         section = results_section(report)
         print("\n" + section)

@@ -19,9 +19,7 @@ last position's logits are computed, so callers that pad a batch must pad on the
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -49,10 +47,6 @@ class DecoderConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
-
-    def cache_key(self) -> str:
-        params = json.dumps({**asdict(self), "kind": "decoder", "build_version": BUILD_VERSION}, sort_keys=True)
-        return hashlib.sha256(params.encode()).hexdigest()[:16]
 
 
 def past_names(layers: int) -> list[str]:
@@ -153,7 +147,7 @@ def build_decoder(cfg: DecoderConfig) -> onnx.ModelProto:
 
 def cached_decoder(cfg: DecoderConfig, cache_dir: Path) -> tuple[Path, bool]:
     """Path of the decoder for `cfg` in `cache_dir`, building it when absent; also whether it was reused."""
-    return cached_model("decoder", cfg.cache_key(), lambda: build_decoder(cfg), cache_dir)
+    return cached_model("decoder", cfg, BUILD_VERSION, lambda: build_decoder(cfg), cache_dir)
 
 
 def empty_cache(cfg: DecoderConfig, batch: int) -> dict[str, np.ndarray]:

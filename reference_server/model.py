@@ -39,10 +39,6 @@ class EncoderConfig:
     max_seq: int = 512
     seed: int = 0
 
-    def cache_key(self) -> str:
-        params = json.dumps({**asdict(self), "build_version": BUILD_VERSION}, sort_keys=True)
-        return hashlib.sha256(params.encode()).hexdigest()[:16]
-
 
 class _Graph:
     """Accumulates nodes and seeded weights; names are generated so the layer code reads like the math."""
@@ -151,11 +147,14 @@ def finish_model(graph: onnx.GraphProto, limited_dim: str, limit: int, cfg: Any)
     return model
 
 
-def cached_model(kind: str, key: str, build: Callable[[], onnx.ModelProto], cache_dir: Path) -> tuple[Path, bool]:
-    """Path of `cache_dir`/KIND-KEY.onnx, calling `build` when absent; also whether it was reused.
+def cached_model(kind: str, cfg: Any, build_version: int, build: Callable[[], onnx.ModelProto],
+                 cache_dir: Path) -> tuple[Path, bool]:
+    """Path of `cache_dir`/KIND-KEY.onnx, calling `build` when absent; also whether it was reused. KEY
+    hashes the build parameters (`cfg`, a dataclass) and the builder's version.
 
     The file is written to a temporary name and renamed, so concurrent starts never read half a model."""
-    path = cache_dir / f"{kind}-{key}.onnx"
+    params = json.dumps({**asdict(cfg), "build_version": build_version}, sort_keys=True)
+    path = cache_dir / f"{kind}-{hashlib.sha256(params.encode()).hexdigest()[:16]}.onnx"
     if path.exists():
         return path, True
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -167,4 +166,4 @@ def cached_model(kind: str, key: str, build: Callable[[], onnx.ModelProto], cach
 
 def cached_encoder(cfg: EncoderConfig, cache_dir: Path) -> tuple[Path, bool]:
     """Path of the encoder for `cfg` in `cache_dir`, building it when absent; also whether it was reused."""
-    return cached_model("encoder", cfg.cache_key(), lambda: build_encoder(cfg), cache_dir)
+    return cached_model("encoder", cfg, BUILD_VERSION, lambda: build_encoder(cfg), cache_dir)
