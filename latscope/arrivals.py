@@ -415,8 +415,27 @@ def trace_offsets(
         raise ValueError(f"speedup must be > 0, got {speedup}")
     if "offset_s" not in trace.columns:
         raise ValueError("trace has no 'offset_s' column; load it with read_trace()")
-    offsets = np.sort(trace["offset_s"].to_numpy(dtype=np.float64), kind="stable")
-    offsets = (offsets[offsets >= start] - start) / speedup
+    offsets = trace["offset_s"].to_numpy(dtype=np.float64)
+    return (offsets[trace_rows(trace, speedup, start, duration)] - start) / speedup
+
+
+def trace_rows(trace: pd.DataFrame, speedup: float = 1.0, start: float = 0.0, duration: float | None = None) -> np.ndarray:
+    """Positions of the rows `trace_offsets` replays, in replay order."""
+    order = np.argsort(trace["offset_s"].to_numpy(dtype=np.float64), kind="stable")
+    offsets = trace["offset_s"].to_numpy(dtype=np.float64)[order]
+    keep = offsets >= start
     if duration is not None:
-        offsets = offsets[offsets < duration]
-    return offsets
+        keep &= (offsets - start) / speedup < duration
+    return order[keep]
+
+
+def trace_lengths(trace: pd.DataFrame, column: str, path: str | Path) -> np.ndarray:
+    """A trace column of token counts (e.g. the Azure trace's ContextTokens) as int32; missing or
+    non-positive values become 0 ("let the workload class decide")."""
+    import pandas as pd
+
+    if column not in trace.columns:
+        known = ", ".join(str(c) for c in trace.columns if c != "offset_s")
+        raise ScenarioError(f"trace file {path}: no column {column!r} (columns: {known})")
+    values = pd.to_numeric(trace[column], errors="coerce").to_numpy(dtype=np.float64)
+    return np.where(np.isfinite(values) & (values >= 1), np.rint(values), 0).astype(np.int32)

@@ -12,7 +12,7 @@ from collections import defaultdict
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
-from latscope.engine import COUNTERS
+from latscope.engine import COUNTERS, ERROR_INDEX
 from latscope.hlog import HlogWriter
 from latscope.plan import Plan
 from latscope.recorder import decode, new_histogram, summarize
@@ -44,6 +44,8 @@ class Collector:
         self.completed_intervals = 0
         self.last_in_flight = 0
         self.last_interval: dict[str, int] = {}  # counters of the latest complete interval, all classes
+        self.replicas: dict[str, int] = {}  # replica id -> perf_counter_ns of its first response
+        self.new_replicas: list[tuple[str, int]] = []  # first seen since the run last took them
         self._pending: dict[int, list[dict]] = defaultdict(list)
         # Scheduled requests per (interval, class, warmup), for the offered rate over time.
         self._scheduled: dict[tuple[int, str, bool], int] = {}
@@ -84,6 +86,11 @@ class Collector:
                 counts[key] += row
                 self.counters[key] += row
         self.last_in_flight = sum(r["in_flight"] for r in reports)
+        for report in reports:
+            for replica, first_ns in report.get("replicas", {}).items():
+                if replica not in self.replicas:
+                    self.replicas[replica] = first_ns
+                    self.new_replicas.append((replica, first_ns))
         self._write(k, interval, counts)
 
     def _write(self, k: int, interval: dict, counts: dict) -> None:
@@ -119,7 +126,7 @@ class Collector:
                         **{key: stats.get(key) for key in ROW_STATS},
                         "scheduled": scheduled.get(name, 0),
                         **{counter: int(c[i]) for i, counter in enumerate(COUNTERS)},
-                        "errors": int(c[5:].sum()),
+                        "errors": int(sum(c[i] for i in ERROR_INDEX.values())),
                         "in_flight": self.last_in_flight if name == ALL else None,
                     }
                 )

@@ -30,10 +30,14 @@ from latscope.records import ERROR_KINDS, Outcome, Request
 from latscope.recorder import Recorder
 from latscope.scenario import Scenario
 
-# Per-interval counters kept for each (class index, warmup) pair, in this order.
-COUNTERS = ("sent", "completed", "dropped", "late", "cancelled", *ERROR_KINDS)
+# Per-interval counters kept for each (class index, warmup) pair, in this order. The token counters
+# add up the tokens of completed requests (output_tokens_usage: those whose count came from the
+# server's usage report rather than from counting chunks).
+TOKEN_COUNTERS = ("prompt_tokens", "output_tokens", "output_tokens_usage")
+COUNTERS = ("sent", "completed", "dropped", "late", "cancelled", *ERROR_KINDS, *TOKEN_COUNTERS)
 SENT, COMPLETED, DROPPED, LATE, CANCELLED = range(5)
 ERROR_INDEX = {kind: 5 + i for i, kind in enumerate(ERROR_KINDS)}
+PROMPT_TOKENS, OUTPUT_TOKENS, OUTPUT_TOKENS_USAGE = (COUNTERS.index(c) for c in TOKEN_COUNTERS)
 
 LOOP_LAG_PERIOD_NS = 10_000_000  # the lag probe asks to sleep 10 ms; anything beyond is loop lag
 STOP_POLL_S = 0.05  # how often a worker checks for a stop request
@@ -63,6 +67,7 @@ class Engine:
         seq: np.ndarray,
         cls: np.ndarray,
         warmup: np.ndarray,
+        asks: tuple[np.ndarray, np.ndarray, np.ndarray],
         class_names: list[str],
         warmup_windows_ns: list[tuple[int, int]],
         *,
@@ -77,6 +82,7 @@ class Engine:
     ):
         self.client = client
         self.intended_ns, self.seq, self.cls, self.warmup = intended_ns, seq, cls, warmup
+        self.asks = asks  # per request: planned prompt tokens, output tokens, item (see workload.py)
         self.class_names = class_names
         self.warmup_windows_ns = warmup_windows_ns
         self.t0_ns = t0_ns
@@ -91,6 +97,8 @@ class Engine:
         self.recorder = Recorder()
         self.counters: dict[tuple[int, bool], list[int]] = {}
         self.error_examples: dict[str, list[str]] = {}
+        self.replicas_new: dict[str, int] = {}  # replica id -> perf_counter_ns of its first response, since the last report
+        self._replicas_seen: set[str] = set()
         self.in_flight = 0
         self.consumed = 0  # how many of this worker's planned requests were sent, dropped or skipped
         self.stopping = False
@@ -130,7 +138,10 @@ class Engine:
             seq_chunk = self.seq[start : start + chunk].tolist()
             cls_chunk = self.cls[start : start + chunk].tolist()
             warm_chunk = self.warmup[start : start + chunk].tolist()
-            for intended, seq, cls, warm in zip(intended_chunk, seq_chunk, cls_chunk, warm_chunk):
+            prompt_chunk, output_chunk, item_chunk = (a[start : start + chunk].tolist() for a in self.asks)
+            for intended, seq, cls, warm, prompt, output, item in zip(
+                intended_chunk, seq_chunk, cls_chunk, warm_chunk, prompt_chunk, output_chunk, item_chunk
+            ):
                 if intended > pc():
                     await self._sleep_until(intended)
                     since_yield = 0
@@ -153,7 +164,7 @@ class Engine:
                         return
                 self.in_flight += 1
                 self._count(cls, warm, SENT)
-                task = loop.create_task(self._one(Request(seq, intended, cls, warm)))
+                task = loop.create_task(self._one(Request(seq, intended, cls, warm, prompt, output, item)))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
                 since_yield += 1
@@ -173,15 +184,54 @@ class Engine:
         name, warm = self.class_names[request.cls], request.warmup
         record = self.recorder.record
         record("send_lag", name, (outcome.sent_ns - request.intended_ns) // 1000, warm)
+        if outcome.replica is not None and outcome.replica not in self._replicas_seen:
+            self._replicas_seen.add(outcome.replica)
+            self.replicas_new[outcome.replica] = outcome.end_ns
         if outcome.error is None:
             self._count(request.cls, warm, COMPLETED)
             record("latency", name, (outcome.end_ns - request.intended_ns) // 1000, warm)
-            record("service_time", name, (outcome.end_ns - outcome.sent_ns) // 1000, warm)
+            service_ns = outcome.end_ns - outcome.sent_ns
+            record("service_time", name, service_ns // 1000, warm)
+            if outcome.token_ns or outcome.output_tokens:
+                self._record_tokens(request, outcome, name)
+            if outcome.encode_ns:
+                record("encode", name, outcome.encode_ns // 1000, warm)
+            if outcome.decode_ns:
+                record("decode", name, outcome.decode_ns // 1000, warm)
+            if outcome.server_timing:
+                for part, ms in outcome.server_timing.items():
+                    record(f"server.{part}", name, ms * 1000, warm)
+                if not outcome.token_ns:  # a stream's Server-Timing covers only its start
+                    server_ms = outcome.server_timing.get("total") or sum(outcome.server_timing.values())
+                    rest_ns = service_ns - outcome.encode_ns - outcome.decode_ns - int(server_ms * 1e6)
+                    record("network", name, max(0, rest_ns) // 1000, warm)
         else:
             self._count(request.cls, warm, ERROR_INDEX[outcome.error])
             examples = self.error_examples.setdefault(outcome.error, [])
             if len(examples) < MAX_ERROR_EXAMPLES and outcome.reason not in examples:
                 examples.append(outcome.reason)
+
+    def _record_tokens(self, request: Request, outcome: Outcome, name: str) -> None:
+        """Streams: TTFT from the intended time, every inter-token gap, TPOT. All: the token counters."""
+        record, warm, times = self.recorder.record, request.warmup, outcome.token_ns
+        tokens = outcome.output_tokens or len(times or ())
+        if times:
+            first = times[0]
+            record("ttft", name, (first - request.intended_ns) // 1000, warm)
+            previous = first
+            for t in times[1:]:
+                record("itl", name, (t - previous) // 1000, warm)
+                previous = t
+            if tokens > 1:
+                record("tpot", name, (outcome.end_ns - first) // 1000 // (tokens - 1), warm)
+        key = (request.cls, warm)
+        row = self.counters.get(key)
+        if row is None:
+            row = self.counters[key] = [0] * len(COUNTERS)
+        row[PROMPT_TOKENS] += outcome.prompt_tokens or request.prompt_tokens
+        row[OUTPUT_TOKENS] += tokens
+        if outcome.tokens_from_usage:
+            row[OUTPUT_TOKENS_USAGE] += tokens
 
     # -- health of the generator itself -----------------------------------------------------
 
@@ -216,6 +266,7 @@ class Engine:
     def _emit_interval(self) -> None:
         histograms, clamped = self.recorder.snapshot()
         counters, self.counters = self.counters, {}
+        replicas, self.replicas_new = self.replicas_new, {}
         self.report(
             {
                 "type": "interval",
@@ -224,6 +275,7 @@ class Engine:
                 "clamped": clamped,
                 "counters": counters,
                 "in_flight": self.in_flight,
+                "replicas": replicas,
             }
         )
         self._interval += 1
@@ -328,6 +380,7 @@ async def _worker(spec: WorkerSpec, queue: Any, start_event: Any, t0_value: Any,
         mine,
         plan.cls[mine],
         plan.warmup[mine],
+        (plan.prompt_tokens[mine], plan.output_tokens[mine], plan.item[mine]),
         plan.class_names,
         warmup_windows,
         t0_ns=t0,

@@ -14,6 +14,9 @@ import numpy as np
 
 from latscope import arrivals
 from latscope.scenario import Phase, Scenario
+from latscope.workload import draw_lengths
+
+DEFAULT_PROMPT_TOKENS = 32  # an openai class that gives neither prompt_tokens nor a dataset
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,11 @@ class Plan:
     cls: np.ndarray  # int16 workload class index per request
     phases: list[PhasePlan]
     class_names: list[str]
+    # What each request asks for (see workload.py): prompt and answer length in tokens (0: none),
+    # and a random index picking its dataset row / tensor / synthetic-text offset.
+    prompt_tokens: np.ndarray  # int32
+    output_tokens: np.ndarray  # int32
+    item: np.ndarray  # int64
 
     @property
     def duration_s(self) -> float:
@@ -52,52 +60,80 @@ class Plan:
         return np.arange(index, len(self), workers)
 
 
-def _phase_offsets(phase: Phase, scenario: Scenario, rng: np.random.Generator) -> tuple[np.ndarray, float]:
-    """Intended offsets within one phase and the phase's duration."""
+def _phase_offsets(phase: Phase, scenario: Scenario, rng: np.random.Generator) -> tuple[np.ndarray, float, dict]:
+    """Intended offsets within one phase, the phase's duration, and per-request lengths the phase's
+    arrivals bring along ({"prompt_tokens"/"output_tokens": int32 array}, from a trace's columns)."""
     a = phase.arrival
     d = phase.duration
     match a.type:
         case "constant":
-            return arrivals.constant(a.rate, d), d
+            return arrivals.constant(a.rate, d), d, {}
         case "poisson":
-            return arrivals.poisson(a.rate, d, rng), d
+            return arrivals.poisson(a.rate, d, rng), d, {}
         case "burst":
-            return arrivals.burst(a.base_rate, a.burst_rate, a.burst_length, a.period, d, a.spacing, rng), d
+            return arrivals.burst(a.base_rate, a.burst_rate, a.burst_length, a.period, d, a.spacing, rng), d, {}
         case "mmpp":
-            return arrivals.mmpp(a.base_rate, a.burst_rate, a.mean_burst_length, a.mean_gap, d, rng), d
+            return arrivals.mmpp(a.base_rate, a.burst_rate, a.mean_burst_length, a.mean_gap, d, rng), d, {}
         case "ramp":
-            return arrivals.ramp(a.from_rate, a.to_rate, d, a.spacing, rng), d
+            return arrivals.ramp(a.from_rate, a.to_rate, d, a.spacing, rng), d, {}
         case "steps":
-            return arrivals.steps(a.rates, a.step, d, a.spacing, rng), d
+            return arrivals.steps(a.rates, a.step, d, a.spacing, rng), d, {}
         case "spike":
-            return arrivals.spike(a.base_rate, a.spike_rate, a.at, a.length, d, a.spacing, rng), d
+            return arrivals.spike(a.base_rate, a.spike_rate, a.at, a.length, d, a.spacing, rng), d, {}
         case "trace":
-            trace = arrivals.read_trace(scenario.resolve_path(a.file), a.time_column)
-            offsets = arrivals.trace_offsets(trace, a.speedup, a.start, d)
+            path = scenario.resolve_path(a.file)
+            trace = arrivals.read_trace(path, a.time_column)
+            rows = arrivals.trace_rows(trace, a.speedup, a.start, d)
+            offsets = (trace["offset_s"].to_numpy(dtype=np.float64)[rows] - a.start) / a.speedup
             if d is None:  # the phase lasts as long as the (sped-up) trace
                 d = float(offsets[-1]) + 1e-6 if len(offsets) else 0.0
-            return offsets, d
+            lengths = {}
+            for key, column in (("prompt_tokens", a.prompt_tokens_column), ("output_tokens", a.output_tokens_column)):
+                if column is not None:
+                    lengths[key] = arrivals.trace_lengths(trace, column, path)[rows]
+            return offsets, d, lengths
     raise AssertionError(f"unhandled arrival type {a.type}")
 
 
 def build_plan(scenario: Scenario) -> Plan:
     """The whole run's schedule. Deterministic for a given scenario (seed included)."""
-    seeds = np.random.SeedSequence(scenario.seed).spawn(len(scenario.phases) + 1)
-    chunks, phase_ids, phases = [], [], []
+    # Child seeds by position: phases, then class draws, then lengths (adding a stream never
+    # changes the ones before it).
+    seeds = np.random.SeedSequence(scenario.seed).spawn(len(scenario.phases) + 2)
+    chunks, phase_ids, phases, trace_lengths = [], [], [], []
     start = 0.0
     for i, phase in enumerate(scenario.phases):
-        offsets, duration = _phase_offsets(phase, scenario, np.random.default_rng(seeds[i]))
+        offsets, duration, lengths = _phase_offsets(phase, scenario, np.random.default_rng(seeds[i]))
         chunks.append(offsets + start)
         phase_ids.append(np.full(len(offsets), i, dtype=np.int16))
         phases.append(PhasePlan(phase.name, start, duration, phase.warmup))
+        trace_lengths.append(lengths)
         start += duration
     offsets_s = np.concatenate(chunks) if chunks else np.empty(0)
     phase = np.concatenate(phase_ids) if phase_ids else np.empty(0, dtype=np.int16)
-    if scenario.limits.max_requests is not None:
-        offsets_s, phase = offsets_s[: scenario.limits.max_requests], phase[: scenario.limits.max_requests]
+    n = len(offsets_s) if scenario.limits.max_requests is None else min(len(offsets_s), scenario.limits.max_requests)
+    offsets_s, phase = offsets_s[:n], phase[:n]
 
     classes = scenario.workload.effective_classes()
     weights = np.array([c.weight for c in classes], dtype=float)
-    class_rng = np.random.default_rng(seeds[-1])
-    cls = class_rng.choice(len(classes), size=len(offsets_s), p=weights / weights.sum()).astype(np.int16)
-    return Plan(offsets_s, phase, cls, phases, [c.name for c in classes])
+    class_rng = np.random.default_rng(seeds[len(scenario.phases)])
+    cls = class_rng.choice(len(classes), size=n, p=weights / weights.sum()).astype(np.int16)
+
+    rng = np.random.default_rng(seeds[len(scenario.phases) + 1])
+    prompt_tokens, output_tokens = np.zeros(n, np.int32), np.zeros(n, np.int32)
+    for c, wc in enumerate(classes):
+        mine = np.flatnonzero(cls == c)
+        prompt = wc.prompt_tokens
+        if prompt is None and wc.dataset is None and scenario.endpoint(c).protocol == "openai":
+            prompt_tokens[mine] = DEFAULT_PROMPT_TOKENS
+        elif prompt is not None:
+            prompt_tokens[mine] = draw_lengths(prompt, len(mine), rng, scenario)
+        if wc.output_tokens is not None:
+            output_tokens[mine] = draw_lengths(wc.output_tokens, len(mine), rng, scenario)
+    for target, key in ((prompt_tokens, "prompt_tokens"), (output_tokens, "output_tokens")):
+        from_trace = [lengths.get(key, np.zeros(len(ids), np.int32)) for lengths, ids in zip(trace_lengths, phase_ids)]
+        if any(key in lengths for lengths in trace_lengths):
+            values = np.concatenate(from_trace)[:n]
+            target[values > 0] = values[values > 0]
+    item = rng.integers(0, 2**62, size=n, dtype=np.int64)
+    return Plan(offsets_s, phase, cls, phases, [c.name for c in classes], prompt_tokens, output_tokens, item)

@@ -19,6 +19,9 @@ class Request:
     intended_ns: int  # perf_counter_ns when it should be sent (the open-loop clock)
     cls: int  # index into the scenario's workload classes
     warmup: bool  # belongs to a warm-up phase: recorded apart, kept out of statistics
+    prompt_tokens: int = 0  # planned prompt length in tokens (0: the class sends no prompt)
+    output_tokens: int = 0  # planned output length, sent as max_tokens (0: not set)
+    item: int = 0  # which dataset row / tensor of the class's pool (taken modulo the pool's size)
 
 
 @dataclass(slots=True)
@@ -30,3 +33,14 @@ class Outcome:
     reason: str = ""  # human-readable detail for errors
     bytes_out: int = 0
     bytes_in: int = 0
+    # Streaming (token) responses. A "token" is a chunk that carried generated text: servers may pack
+    # several tokens in one chunk, so the ITL gaps are between chunks as the client saw them.
+    token_ns: list[int] | None = None  # perf_counter_ns of every token chunk's arrival, in order
+    output_tokens: int = 0  # from the server's usage when it sent one, else the token chunks counted
+    tokens_from_usage: bool = False
+    prompt_tokens: int = 0  # the server's usage.prompt_tokens (0 when not reported)
+    # Serialization, timed by the client around its own encode/decode (0: not measured).
+    encode_ns: int = 0
+    decode_ns: int = 0
+    server_timing: dict[str, float] | None = None  # Server-Timing durations (ms) by name
+    replica: str | None = None  # the replica that answered (X-Replica-Id), when the server says

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -94,12 +94,15 @@ class EventLog:
         self._f: TextIO = open(path, "a", encoding="utf-8")
         self.t0_ns: int | None = None
 
-    def emit(self, event: str, **fields: Any) -> None:
+    def emit(self, event: str, at_ns: int | None = None, **fields: Any) -> None:
+        """Log `event` as happening now, or at perf_counter_ns `at_ns` (e.g. seen by a worker earlier)."""
         now = time.perf_counter_ns()
+        at = now if at_ns is None else at_ns
+        wall = datetime.now(timezone.utc) - timedelta(microseconds=(now - at) / 1000)
         record = {
             "event": event,
-            "t_s": round((now - self.t0_ns) / 1e9, 6) if self.t0_ns is not None else None,
-            "wall": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+            "t_s": round((at - self.t0_ns) / 1e9, 6) if self.t0_ns is not None else None,
+            "wall": wall.isoformat(timespec="milliseconds"),
             **fields,
         }
         self._f.write(json.dumps(record) + "\n")

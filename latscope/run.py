@@ -27,7 +27,7 @@ import numpy as np
 from latscope import __version__
 from latscope.analysis.verdicts import slo_verdicts, validity
 from latscope.collector import ROW_STATS, Collector
-from latscope.engine import COUNTERS, ERROR_INDEX, WorkerSpec, worker_main
+from latscope.engine import COUNTERS, ERROR_INDEX, OUTPUT_TOKENS, OUTPUT_TOKENS_USAGE, PROMPT_TOKENS, WorkerSpec, worker_main
 from latscope.errors import RunError
 from latscope.hlog import HlogWriter
 from latscope.launch import LaunchedTarget, start_target, stop_target
@@ -40,7 +40,8 @@ from latscope.scenario import Scenario, redacted_yaml
 START_DELAY_S = 0.2  # between "all workers ready" and the first intended send
 READY_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0  # how long stopped workers get to report what they measured
-METRIC_ORDER = ("latency", "service_time", "send_lag")
+# summary.json lists these first, in this order, then any other metric (server.<part>, ...) by name.
+METRIC_ORDER = ("latency", "service_time", "send_lag", "ttft", "itl", "tpot", "encode", "network", "decode")
 
 
 @dataclass
@@ -107,6 +108,8 @@ def run_scenario(
                 "intended_s": plan.offsets_s,
                 "phase": np.array([p.name for p in plan.phases])[plan.phase] if len(plan) else np.array([], str),
                 "class": np.array(plan.class_names)[plan.cls] if len(plan) else np.array([], str),
+                "prompt_tokens": plan.prompt_tokens,
+                "output_tokens": plan.output_tokens,
             },
         )
     run = _Run(scenario, plan, workers, run_dir, events, on_progress)
@@ -246,6 +249,9 @@ class _Run:
         if kind == "interval":
             before = self.collector.completed_intervals
             self.collector.add(message)
+            for replica, first_ns in self.collector.new_replicas:
+                self.events.emit("replica_first_seen", at_ns=first_ns, replica=replica)
+            self.collector.new_replicas.clear()
             if self.collector.completed_intervals > before and self.on_progress:
                 self.on_progress(self.progress())
         elif kind == "done":
@@ -352,6 +358,7 @@ class _Run:
                 "measured_window_s": round(window, 3),
             },
             "metrics": metrics,
+            "tokens": self._tokens(window),
             "errors": errors,
             "error_examples": self._error_examples(),
             "slo": slo_verdicts(metrics, self.scenario.slos),
@@ -409,6 +416,26 @@ class _Run:
         del warmup["_errors"]
         errors = requests.pop("_errors")
         return requests, by_class, errors, warmup
+
+    def _tokens(self, window_s: float) -> dict:
+        """Token totals outside warm-up, per class and "all": prompt and output tokens, output tokens
+        per second of the measured window, and where the output counts came from ("usage": the
+        server's usage report, "chunks": streamed chunks counted, "mixed"). {} when no request had tokens."""
+        counters = self.collector.counters if self.collector else {}
+        totals: dict[str, np.ndarray] = {}
+        for (name, warmup), row in counters.items():
+            if not warmup:
+                totals[name] = totals.get(name, 0) + row[[PROMPT_TOKENS, OUTPUT_TOKENS, OUTPUT_TOKENS_USAGE]]
+        if not totals or not any(int(t[1]) for t in totals.values()):
+            return {}
+        totals["all"] = sum(totals.values())
+        out = {}
+        for name, (prompt, output, from_usage) in totals.items():
+            source = "usage" if from_usage == output else "chunks" if from_usage == 0 else "mixed"
+            out[name] = {"prompt_tokens": int(prompt), "output_tokens": int(output),
+                         "output_tokens_per_s": round(int(output) / window_s, 3) if window_s else 0.0,
+                         "output_count_source": source}
+        return out
 
     def _error_examples(self) -> dict:
         merged: dict[str, list[str]] = {}

@@ -54,10 +54,15 @@ __all__ = [
     "Arrival",
     "BurstArrival",
     "ConstantArrival",
+    "Dataset",
     "Duration",
+    "Endpoint",
+    "KServeOptions",
     "Launch",
+    "LengthDist",
     "Limits",
     "MmppArrival",
+    "OpenAIOptions",
     "Output",
     "Phase",
     "PoissonArrival",
@@ -67,6 +72,7 @@ __all__ = [
     "Slo",
     "StepsArrival",
     "Target",
+    "TensorSpec",
     "TraceArrival",
     "Validity",
     "Workload",
@@ -206,21 +212,63 @@ class Launch(_Model):
         return None if url is None else _check_http_url(url)
 
 
-class Target(_Model):
-    """The endpoint under test."""
+PROTOCOLS = ("http", "openai", "kserve-v2", "kserve-v2-grpc")
+Protocol = Literal["http", "openai", "kserve-v2", "kserve-v2-grpc"]
 
+
+def _check_url(url: str, protocol: str) -> str:
+    """http(s):// for the HTTP protocols; grpc:// (plain) or grpcs:// (TLS) for kserve-v2-grpc."""
+    if protocol != "kserve-v2-grpc":
+        return _check_http_url(url)
+    parts = urlsplit(url)
+    if parts.scheme not in ("grpc", "grpcs") or not parts.hostname or parts.path not in ("", "/"):
+        raise ValueError("kserve-v2-grpc needs a grpc://host:port (or grpcs:// for TLS) URL, like grpc://127.0.0.1:8001")
+    try:
+        if parts.port is None:
+            raise ValueError
+    except ValueError:
+        raise ValueError("a grpc:// URL needs a port from 1 to 65535, like grpc://127.0.0.1:8001") from None
+    return url
+
+
+class OpenAIOptions(_Model):
+    """How requests to an OpenAI-compatible server look. `extra_body` is merged into every request
+    (temperature, vLLM's `ignore_eos`, ...)."""
+
+    api: Literal["chat", "completions"] = "chat"
+    stream: bool = True
+    include_usage: bool = True  # ask for the final usage chunk (stream_options.include_usage)
+    extra_body: dict[str, Any] = {}
+
+
+class KServeOptions(_Model):
+    """KServe v2 / Open Inference Protocol options: `binary` uses the binary tensor extension (REST)
+    for inputs and outputs; `outputs` names the outputs to ask for (default: all)."""
+
+    binary: bool = False
+    version: str | None = None
+    outputs: list[str] = []
+
+
+class Target(_Model):
+    """The endpoint under test, and how to talk to it (`protocol`)."""
+
+    protocol: Protocol = "http"  # before url: the URL is checked against it
     url: str
     method: str = "GET"
-    path: str = ""
-    headers: dict[str, str] = {}
+    path: str = ""  # default for openai: /v1/chat/completions or /v1/completions; kserve-v2: /v2/models/<model>/infer
+    headers: dict[str, str] = {}  # also gRPC metadata (lower-cased) for kserve-v2-grpc
     timeout: PositiveDuration = 30.0
-    protocol: Literal["http"] = "http"
+    model: str | None = None  # the `model` of OpenAI requests; the model name of KServe v2 requests
+    api_key: str | None = None  # sent as "Authorization: Bearer ..."; use ${ENV}, never a literal
+    openai: OpenAIOptions = OpenAIOptions()
+    kserve: KServeOptions = KServeOptions()
     launch: Launch | None = None
 
     @field_validator("url")
     @classmethod
-    def _url(cls, url: str) -> str:
-        return _check_http_url(url)
+    def _url(cls, url: str, info: ValidationInfo) -> str:
+        return _check_url(url, info.data.get("protocol", "http"))
 
     @field_validator("method")
     @classmethod
@@ -325,6 +373,10 @@ class TraceArrival(_Model):
     time_column: str | None = None
     speedup: float = Field(1.0, gt=0)
     start: Duration = 0.0  # skip the trace's first `start` seconds
+    # Per-request lengths from the trace (e.g. the Azure trace's ContextTokens / GeneratedTokens):
+    # they replace the workload class's prompt_tokens / output_tokens for this phase's requests.
+    prompt_tokens_column: str | None = None
+    output_tokens_column: str | None = None
 
 
 Arrival = Annotated[
@@ -363,19 +415,121 @@ class Phase(_Model):
 # --------------------------------------------------------------------------------------------------
 
 
+class FixedLength(_Model):
+    dist: Literal["fixed"] = "fixed"
+    value: int = Field(ge=1)
+
+
+class UniformLength(_Model):
+    """Uniform integers from `min` to `max`, both included."""
+
+    dist: Literal["uniform"] = "uniform"
+    min: int = Field(ge=1)
+    max: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> UniformLength:
+        if self.max < self.min:
+            raise ValueError(f"max ({self.max}) must be at least min ({self.min})")
+        return self
+
+
+class NormalLength(_Model):
+    """Normal with this mean and standard deviation (tokens), rounded, clipped to [min, max]."""
+
+    dist: Literal["normal"] = "normal"
+    mean: float = Field(gt=0)
+    std: float = Field(ge=0)
+    min: int = Field(1, ge=1)
+    max: int | None = Field(None, ge=1)
+
+
+class LognormalLength(_Model):
+    """Log-normal with this mean and standard deviation *in tokens* (not of the log), rounded,
+    clipped to [min, max]: the long right tail of real prompt and answer lengths."""
+
+    dist: Literal["lognormal"] = "lognormal"
+    mean: float = Field(gt=0)
+    std: float = Field(gt=0)
+    min: int = Field(1, ge=1)
+    max: int | None = Field(None, ge=1)
+
+
+class EmpiricalLength(_Model):
+    """Lengths drawn (with replacement) from a file: a CSV column, a JSONL field, or one number per
+    line of a text file."""
+
+    dist: Literal["empirical"] = "empirical"
+    file: str = Field(min_length=1)
+    column: str | None = None  # CSV column or JSONL field (required for those)
+
+
+LengthDist = Annotated[
+    Union[FixedLength, UniformLength, NormalLength, LognormalLength, EmpiricalLength], Field(discriminator="dist")
+]
+
+
+def _length(value: Any) -> Any:
+    """`prompt_tokens: 128` is short for `{dist: fixed, value: 128}`."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return {"dist": "fixed", "value": value}
+    return value
+
+
+Length = Annotated[LengthDist, BeforeValidator(_length)]
+
+
+class Dataset(_Model):
+    """Prompts from a JSONL file: `format: text` takes the string in `field` of each line;
+    `format: sharegpt` takes each conversation's first human turn (`conversations[].from/value`)."""
+
+    file: str = Field(min_length=1)
+    format: Literal["text", "sharegpt"] = "text"
+    field: str = "text"
+
+
+class TensorSpec(_Model):
+    """One input tensor of a KServe v2 request: random values (seeded) or the contents of a .npy file."""
+
+    name: str = Field(min_length=1)
+    datatype: Literal["BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64",
+                      "FP16", "FP32", "FP64"] = "FP32"
+    shape: list[Annotated[int, Field(ge=1)]] = Field(default=[], min_length=0)
+    npy: str | None = None  # a .npy file; its shape and dtype win
+    low: float = 0.0  # random values are uniform in [low, high) (integers: high excluded)
+    high: float = 1.0
+
+    @model_validator(mode="after")
+    def _shape_or_file(self) -> TensorSpec:
+        if self.npy is None and not self.shape:
+            raise ValueError("give a shape (like [1, 384]) for random values, or an npy file")
+        return self
+
+
 class WorkloadClass(_Model):
     """A kind of request, drawn with probability proportional to `weight` and recorded separately.
 
-    Unset fields fall back to the target's (method, path) or the workload's (body); headers add to
-    the target's.
+    Unset endpoint fields fall back to the target's (protocol, url, method, path, model, openai,
+    kserve) or the workload's (body); headers add to the target's. What a request carries depends on
+    the protocol: `body` (http); `prompt_tokens`/`output_tokens` or a `dataset` (openai); `tensors`
+    (kserve-v2, kserve-v2-grpc).
     """
 
     name: str
     weight: float = Field(1.0, gt=0)
+    protocol: Protocol | None = None
+    url: str | None = None
     method: str | None = None
     path: str | None = None
     headers: dict[str, str] = {}
+    model: str | None = None
+    openai: OpenAIOptions | None = None
+    kserve: KServeOptions | None = None
     body: Any = None
+    prompt_tokens: Length | None = None
+    output_tokens: Length | None = None
+    dataset: Dataset | None = None
+    tensors: list[TensorSpec] = []
 
     @field_validator("name")
     @classmethod
@@ -396,6 +550,20 @@ class WorkloadClass(_Model):
     @classmethod
     def _path(cls, path: str | None) -> str | None:
         return None if path is None else _check_path(path)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, url: str | None, info: ValidationInfo) -> str | None:
+        protocol = info.data.get("protocol")
+        if url is None or protocol is None:  # checked against the target's protocol by the scenario
+            return url
+        return _check_url(url, protocol)
+
+    @model_validator(mode="after")
+    def _one_prompt_source(self) -> WorkloadClass:
+        if self.dataset is not None and self.prompt_tokens is not None:
+            raise ValueError("give prompt_tokens (synthetic prompts) or a dataset, not both")
+        return self
 
 
 class Workload(_Model):
@@ -482,6 +650,22 @@ class Validity(_Model):
 # --------------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Endpoint:
+    """A workload class's resolved endpoint (see Scenario.endpoint)."""
+
+    protocol: str
+    url: str
+    method: str
+    path: str
+    headers: dict[str, str]
+    timeout: float
+    model: str | None
+    api_key: str | None
+    openai: OpenAIOptions
+    kserve: KServeOptions
+
+
 class Scenario(_Model):
     """A latscope scenario: what to hit, with what traffic, for how long."""
 
@@ -528,6 +712,52 @@ class Scenario(_Model):
                 if slo.class_ not in known:
                     raise ValueError(f"slos[{i}].class {slo.class_!r} is not a workload class (known: {', '.join(known)})")
         return slos
+
+    @model_validator(mode="after")
+    def _classes_fit_their_protocol(self) -> Scenario:
+        for i, cls in enumerate(self.workload.effective_classes()):
+            where = f"workload.classes[{i}]" if self.workload.classes else "workload"
+            protocol = cls.protocol or self.target.protocol
+            if cls.url is not None and cls.protocol is None:
+                try:
+                    _check_url(cls.url, protocol)
+                except ValueError as exc:
+                    raise ValueError(f"{where}.url: {exc}") from None
+            if protocol != "http" and (cls.model or self.target.model) is None:
+                raise ValueError(f"{where}: protocol {protocol} needs a model name (target.model or the class's model)")
+            if protocol.startswith("kserve") and not cls.tensors:
+                raise ValueError(f"{where}: protocol {protocol} needs tensors (the inputs to send)")
+            if protocol == "kserve-v2-grpc" and cls.protocol is not None and cls.url is None and self.target.protocol != protocol:
+                raise ValueError(f"{where}: a class that switches to kserve-v2-grpc needs its own url (grpc://host:port)")
+        return self
+
+    def endpoint(self, cls: int) -> Endpoint:
+        """Where and how requests of workload class `cls` go: the class's settings over the target's."""
+        c, t = self.workload.effective_classes()[cls], self.target
+        protocol = c.protocol or t.protocol
+        model = c.model or t.model
+        if c.path is not None:
+            path = c.path
+        elif t.path or protocol == "http":
+            path = t.path
+        elif protocol == "openai":
+            api = (c.openai or t.openai).api
+            path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
+        else:
+            kserve = c.kserve or t.kserve
+            path = f"/v2/models/{model}" + (f"/versions/{kserve.version}" if kserve.version else "") + "/infer"
+        return Endpoint(
+            protocol=protocol,
+            url=c.url or t.url,
+            method=c.method or ("POST" if protocol != "http" else t.method),
+            path=path,
+            headers={**t.headers, **c.headers},
+            timeout=t.timeout,
+            model=model,
+            api_key=t.api_key,
+            openai=c.openai or t.openai,
+            kserve=c.kserve or t.kserve,
+        )
 
     @property
     def source(self) -> Path | None:
@@ -988,6 +1218,8 @@ _QUERY_PARAM = re.compile(r"(?P<key>[?&][^=&#\s]*=)(?P<value>[^&#\s]*)")
 def _is_secret_path(path: DataPath) -> bool:
     """A value in a header or launch env mapping whose name looks like a credential."""
     secret_maps = (("target", "headers"), ("target", "launch", "env"))
+    if path == ("target", "api_key"):
+        return True
     in_map = path[:-1] in secret_maps or (len(path) == 5 and path[:2] == ("workload", "classes") and path[3] == "headers")
     return in_map and bool(_SECRET_NAME.search(str(path[-1])))
 

@@ -19,13 +19,15 @@ import ssl
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 from urllib.parse import urlsplit
 
 import httptools
 
 from latscope import __version__
+from latscope.protocols.server_timing import parse_server_timing
 from latscope.records import Outcome, Request
-from latscope.scenario import Scenario
+from latscope.scenario import Endpoint, Scenario
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,32 +39,23 @@ class PreparedRequest:
 
 def prepare_requests(scenario: Scenario) -> list[PreparedRequest]:
     """One ready-to-write request per workload class, in class order."""
-    target, workload = scenario.target, scenario.workload
-    url = urlsplit(target.url)
+    workload = scenario.workload
     prepared = []
-    for cls in workload.effective_classes():
+    for i, cls in enumerate(workload.effective_classes()):
+        endpoint = scenario.endpoint(i)
         body_value = cls.body if cls.body is not None else workload.body
-        headers = {"Host": url.netloc, "User-Agent": f"latscope/{__version__}", "Accept": "*/*",
-                   **target.headers, **cls.headers}
-        body = b""
+        body, content_type = b"", workload.content_type
         if isinstance(body_value, (dict, list)):
             body = json.dumps(body_value, separators=(",", ":")).encode()
-            headers.setdefault("Content-Type", workload.content_type or "application/json")
+            content_type = content_type or "application/json"
         elif body_value is not None:
             body = str(body_value).encode()
-            if workload.content_type:
-                headers.setdefault("Content-Type", workload.content_type)
-        method = (cls.method or target.method).upper()
-        if body or method in ("POST", "PUT", "PATCH"):
-            headers["Content-Length"] = str(len(body))
-        path = url.path.rstrip("/") + (cls.path if cls.path is not None else target.path)
-        target_path = (path or "/") + (f"?{url.query}" if url.query and "?" not in path else "")
-        head = f"{method} {target_path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        prepared.append(PreparedRequest(method == "HEAD", head.encode("latin-1") + b"\r\n" + body, len(body)))
+        head = request_head(endpoint, len(body), content_type)
+        prepared.append(PreparedRequest(endpoint.method == "HEAD", head + body, len(body)))
     return prepared
 
 
-class _Failure(Exception):
+class Failure(Exception):
     """A request failed: `kind` is one of records.ERROR_KINDS."""
 
     def __init__(self, kind: str, reason: str):
@@ -70,8 +63,23 @@ class _Failure(Exception):
         self.kind, self.reason = kind, reason
 
 
+@dataclass(slots=True)
+class Response:
+    status: int
+    reason: str
+    end_ns: int  # perf_counter_ns when the last byte was read
+    body_len: int
+    body: bytes | None  # the body, when asked for (keep_body)
+    headers: dict[str, str]  # the headers of WANTED_HEADERS that came, by lower-case name
+
+
+BodySink = Callable[[bytes, int], None]  # (a piece of the body, perf_counter_ns of the read it came in)
+# The only response headers kept (parsing every header of every response costs a load generator).
+WANTED_HEADERS = frozenset({"server-timing", "x-replica-id", "content-type", "inference-header-content-length"})
+
+
 class _Connection(asyncio.Protocol):
-    """One keep-alive connection; `exchange` sends a request and waits for its whole response."""
+    """One keep-alive connection; `send` writes a request and resolves once its whole response is in."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
@@ -79,33 +87,46 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
         self.waiter: asyncio.Future | None = None
-        self.head = False
-        self.body_len = 0
-        self.reason = ""
-        self.end_ns = 0
-        self.keep_alive = False
+        self.read_ns = 0  # when the data being parsed was read: streamed pieces are stamped with it
+        self._reset(False, False, None)
+
+    def _reset(self, head: bool, keep_body: bool, sink: BodySink | None) -> None:
+        self.head, self.sink = head, sink
+        self.pieces: list[bytes] | None = [] if keep_body else None
+        self.body_len, self.reason, self.end_ns, self.keep_alive = 0, "", 0, False
+        self.headers: dict[str, str] = {}
 
     # asyncio callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        self.read_ns = time.perf_counter_ns()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            self._fail(_Failure("protocol", f"invalid HTTP response: {exc}"))
+            self._fail(Failure("protocol", f"invalid HTTP response: {exc}"))
             self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self._fail(_Failure("connect", f"connection lost: {exc or 'closed by the server'}"))
+        self._fail(Failure("connect", f"connection lost: {exc or 'closed by the server'}"))
 
     # httptools callbacks
     def on_status(self, status: bytes) -> None:
         self.reason = status.decode("latin-1")
 
+    def on_header(self, name: bytes, value: bytes) -> None:
+        key = name.decode("latin-1").lower()
+        if key in WANTED_HEADERS and key not in self.headers:
+            self.headers[key] = value.decode("latin-1")
+
     def on_body(self, body: bytes) -> None:
         self.body_len += len(body)
+        if self.sink is not None:
+            self.sink(body, self.read_ns)
+        elif self.pieces is not None:
+            self.pieces.append(body)
 
     def on_headers_complete(self) -> None:
         if self.head:  # llhttp would wait for a body; there is none, and the next response needs a fresh parser
@@ -120,17 +141,21 @@ class _Connection(asyncio.Protocol):
             waiter.set_result(self.parser.get_status_code())
 
     # use
-    def _fail(self, failure: _Failure) -> None:
+    def _fail(self, failure: Failure) -> None:
         waiter, self.waiter = self.waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_exception(failure)
 
-    def send(self, prepared: PreparedRequest) -> asyncio.Future:
+    def send(self, data: bytes, head: bool, keep_body: bool, sink: BodySink | None) -> asyncio.Future:
         """Write the request; the future gets the status code once the whole response is in."""
         self.waiter = self.loop.create_future()
-        self.head, self.body_len, self.reason = prepared.head, 0, ""
-        self.transport.write(prepared.data)
+        self._reset(head, keep_body, sink)
+        self.transport.write(data)
         return self.waiter
+
+    def response(self, status: int) -> Response:
+        body = b"".join(self.pieces) if self.pieces is not None else None
+        return Response(status, self.reason, self.end_ns, self.body_len, body, self.headers)
 
     def close(self) -> None:
         self.closed = True
@@ -138,14 +163,17 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
-class HttpClient:
-    def __init__(self, scenario: Scenario, max_connections: int):
-        url = urlsplit(scenario.target.url)
-        self._host = url.hostname
-        self._port = url.port or (443 if url.scheme == "https" else 80)
-        self._ssl = ssl.create_default_context() if url.scheme == "https" else None
-        self._prepared = prepare_requests(scenario)
-        self._timeout_s = scenario.target.timeout
+class HttpPool:
+    """Keep-alive HTTP/1.1 connections to one origin, one request per connection at a time. Opens a
+    connection whenever none is idle, so it never holds more than the requests in flight (which the
+    engine caps). Open it inside the worker's event loop."""
+
+    def __init__(self, url: str, timeout_s: float):
+        parts = urlsplit(url)
+        self._host = parts.hostname
+        self._port = parts.port or (443 if parts.scheme == "https" else 80)
+        self._ssl = ssl.create_default_context() if parts.scheme == "https" else None
+        self._timeout_s = timeout_s
         self._idle: deque[_Connection] = deque()
         self._all: set[_Connection] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -170,7 +198,7 @@ class HttpClient:
                 lambda: _Connection(self._loop), self._host, self._port, ssl=self._ssl
             )
         except OSError as exc:
-            raise _Failure("connect", f"cannot connect to {self._host}:{self._port}: {exc.strerror or exc}") from None
+            raise Failure("connect", f"cannot connect to {self._host}:{self._port}: {exc.strerror or exc}") from None
         self._all.add(connection)
         return connection
 
@@ -179,31 +207,86 @@ class HttpClient:
             connection.close()
             self._all.discard(connection)
 
-    async def send(self, request: Request) -> Outcome:
-        """Send one request; `sent_ns` is stamped before a connection is taken or opened, so a
-        connect is part of service_time (the target's side), not of send_lag (the generator's)."""
-        prepared = self._prepared[request.cls]
+    async def request(self, data: bytes, *, head: bool = False, keep_body: bool = False,
+                      sink: BodySink | None = None) -> Response:
+        """Send one request (`data`: head and body as they go on the wire) and read its whole
+        response within the timeout. A connect counts as part of the request. Raises Failure."""
         connection = None
-        sent = time.perf_counter_ns()
         try:
             async with asyncio.timeout(self._timeout_s):
                 connection = await self._connection()
-                status = await connection.send(prepared)
+                status = await connection.send(data, head, keep_body, sink)
         except TimeoutError:
             self._discard(connection)
-            return Outcome(sent, time.perf_counter_ns(), error="timeout", reason="no complete response within target.timeout")
-        except _Failure as failure:
-            self._discard(connection)
-            return Outcome(sent, time.perf_counter_ns(), error=failure.kind, reason=failure.reason)
-        except asyncio.CancelledError:
+            raise Failure("timeout", "no complete response within target.timeout") from None
+        except (Failure, asyncio.CancelledError):
             self._discard(connection)
             raise
-        outcome = Outcome(sent, connection.end_ns, status=status, bytes_in=connection.body_len, bytes_out=prepared.body_len)
-        if status >= 400:
-            outcome.error = "http_4xx" if status < 500 else "http_5xx"
-            outcome.reason = f"HTTP {status} {connection.reason}".strip()
+        response = connection.response(status)
         if connection.keep_alive and not connection.closed:
             self._idle.append(connection)
         else:
             self._discard(connection)
-        return outcome
+        return response
+
+
+def request_head(endpoint: Endpoint, body_len: int, content_type: str | None = None) -> bytes:
+    """The request line and headers for `endpoint` (with the blank line that ends them)."""
+    url = urlsplit(endpoint.url)
+    headers = {"Host": url.netloc, "User-Agent": f"latscope/{__version__}", "Accept": "*/*"}
+    if content_type:
+        headers["Content-Type"] = content_type
+    if endpoint.api_key:
+        headers["Authorization"] = f"Bearer {endpoint.api_key}"
+    headers.update(endpoint.headers)
+    if body_len or endpoint.method in ("POST", "PUT", "PATCH"):
+        headers["Content-Length"] = str(body_len)
+    path = url.path.rstrip("/") + endpoint.path
+    target_path = (path or "/") + (f"?{url.query}" if url.query and "?" not in path else "")
+    head = f"{endpoint.method} {target_path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    return head.encode("latin-1") + b"\r\n"
+
+
+def with_server_headers(outcome: Outcome, response: Response) -> Outcome:
+    """`outcome` with the Server-Timing parts and the replica id the response carried."""
+    timing = response.headers.get("server-timing")
+    if timing:
+        outcome.server_timing = parse_server_timing(timing)
+    outcome.replica = response.headers.get("x-replica-id")
+    return outcome
+
+
+def http_error(outcome: Outcome, response: Response) -> Outcome:
+    """`outcome` marked http_4xx / http_5xx when the response says so."""
+    if response.status >= 400:
+        outcome.error = "http_4xx" if response.status < 500 else "http_5xx"
+        outcome.reason = f"HTTP {response.status} {response.reason}".strip()
+    return outcome
+
+
+class HttpClient:
+    """Generic HTTP: each class's request is prepared once; the response body is counted, not parsed."""
+
+    def __init__(self, scenario: Scenario, classes: list[int], max_connections: int):
+        self._pool = HttpPool(scenario.endpoint(classes[0]).url, scenario.target.timeout)
+        prepared = prepare_requests(scenario)
+        self._prepared = {c: prepared[c] for c in classes}
+
+    async def open(self) -> None:
+        await self._pool.open()
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    async def send(self, request: Request) -> Outcome:
+        """Send one request; `sent_ns` is stamped before a connection is taken or opened, so a
+        connect is part of service_time (the target's side), not of send_lag (the generator's)."""
+        prepared = self._prepared[request.cls]
+        sent = time.perf_counter_ns()
+        try:
+            response = await self._pool.request(prepared.data, head=prepared.head)
+        except Failure as failure:
+            return Outcome(sent, time.perf_counter_ns(), error=failure.kind, reason=failure.reason)
+        outcome = Outcome(sent, response.end_ns, status=response.status, bytes_in=response.body_len,
+                          bytes_out=prepared.body_len)
+        return http_error(with_server_headers(outcome, response), response)

@@ -7,7 +7,7 @@ import time
 
 from aiohttp import web
 
-from latscope.protocols.http import HttpClient
+from latscope.protocols import make_client
 from latscope.records import Request
 from latscope.scenario import scenario_from_dict
 
@@ -44,7 +44,7 @@ def _send_all(url: str, classes: list[dict], order: list[int], **target) -> list
     })
 
     async def main() -> list:
-        client = HttpClient(scenario, 10)
+        client = make_client(scenario, 10)
         await client.open()
         try:
             return [await client.send(Request(i, time.perf_counter_ns(), cls, False)) for i, cls in enumerate(order)]

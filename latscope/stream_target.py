@@ -1,0 +1,317 @@
+"""An OpenAI-compatible token streamer whose token write times are known exactly.
+
+    python -m latscope.stream_target --port 0 --ttft-ms 50 --itl-ms 20 --tokens 16
+
+It exists to check latscope's streaming client: every token event carries `"t_ns"`, the server's
+`time.perf_counter_ns()` (CLOCK_MONOTONIC, shared by all processes on the machine) taken right
+before the chunk is handed to the socket, so a client on the same host can compare its arrival
+stamps with the true write times, and it is cheap enough per chunk (raw asyncio.Protocol on uvloop,
+httptools parsing, one `loop.call_at` timer per stream, no task per token) to hold 1,000+ streams.
+
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /health, GET /v1/models. The first
+token leaves `ttft_ms` after the request is read, then one every `itl_ms`; a request body may set
+`ttft_ms`, `itl_ms` and `token_gaps_ms` (gap before each token after the first; without
+`max_tokens` it also sets the count to len + 1). Faults, chosen by `model` (streams need >= 2
+tokens): fault-malformed (2nd event is not JSON), fault-truncate (connection closed after 2 tokens),
+fault-no-done (no `data: [DONE]`), fault-error-event (error event after 1 token), fault-500.
+Binds 127.0.0.1 by default; prints `ready http://HOST:PORT` once listening; stops on SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import httptools
+
+MAX_BODY_BYTES = 1 << 20
+MAX_HEADER_BYTES = 32 << 10
+MAX_TOKENS = 100_000
+MAX_QUEUED = 8  # pipelined requests waiting behind a stream before we stop reading the socket
+REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 405: b"Method Not Allowed",
+           413: b"Payload Too Large", 431: b"Request Header Fields Too Large", 500: b"Internal Server Error"}
+CHUNK_END = b"0\r\n\r\n"
+
+
+@dataclass(frozen=True)
+class Timing:
+    ttft_ms: float = 50.0
+    itl_ms: float = 20.0
+    tokens: int = 16
+
+
+class Reject(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def _sse(obj: Any) -> bytes:
+    return _chunk(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
+
+
+def _error(message: str, kind: str = "invalid_request_error") -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+
+
+def _words(value: Any) -> int:
+    """Prompt tokens: whitespace-separated words of a prompt, a list of prompts or chat messages."""
+    if isinstance(value, str):
+        return len(value.split())
+    if isinstance(value, list):
+        return sum(_words(v) if not isinstance(v, int) else 1 for v in value)
+    if isinstance(value, dict):
+        return _words(value.get("content") if "content" in value else value.get("text"))
+    return 0
+
+
+class StreamProtocol(asyncio.Protocol):
+    """One HTTP/1.1 keep-alive connection; serves its requests one after the other."""
+
+    def __init__(self, timing: Timing, conns: set[asyncio.Transport]) -> None:
+        self.timing, self.conns = timing, conns
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.queue: deque[tuple[bytes, bytes, bytes, bool]] = deque()
+        self.busy = self.draining = self.in_headers = False
+        self.head_bytes = 0
+        self.handle: asyncio.TimerHandle | None = None
+        self.url, self.body, self.body_size = b"", [], 0
+
+    # --- connection and parser callbacks
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.conns.add(self.transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.conns.discard(self.transport)
+        if self.handle is not None:
+            self.handle.cancel()  # the client went away mid-stream: no timer left behind
+        self.handle, self.transport = None, None
+        self.queue.clear()
+
+    def data_received(self, data: bytes) -> None:
+        if self.draining:
+            return
+        try:
+            self.parser.feed_data(data)
+            if self.in_headers:
+                self.head_bytes += len(data)
+                if self.head_bytes > MAX_HEADER_BYTES:
+                    raise Reject(431)
+        except Reject as exc:
+            return self._fail(exc.status)
+        except httptools.HttpParserCallbackError as exc:
+            return self._fail(exc.__context__.status if isinstance(exc.__context__, Reject) else 400)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+            return self._fail(400)
+        if len(self.queue) >= MAX_QUEUED:
+            self.transport.pause_reading()
+        self._next()
+
+    def on_message_begin(self) -> None:
+        self.url, self.body, self.body_size, self.in_headers, self.head_bytes = b"", [], 0, True, 0
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == b"content-length" and value.isdigit() and int(value) > MAX_BODY_BYTES:
+            raise Reject(413)
+
+    def on_headers_complete(self) -> None:
+        self.in_headers = False
+
+    def on_body(self, body: bytes) -> None:
+        self.body_size += len(body)
+        if self.body_size > MAX_BODY_BYTES:
+            raise Reject(413)
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        method = self.parser.get_method()
+        self.queue.append((method, self.url, b"".join(self.body), self.parser.should_keep_alive()))
+
+    # --- requests and plain responses
+    def _next(self) -> None:
+        if self.busy or not self.queue or self.transport is None:
+            return
+        if len(self.queue) == MAX_QUEUED:
+            self.transport.resume_reading()
+        method, url, body, self.keep_alive = self.queue.popleft()
+        self.busy, self.t_read = True, time.perf_counter_ns()
+        path = url.split(b"?", 1)[0]
+        if path == b"/health":
+            self._respond(200, {"status": "ready"}) if method == b"GET" else self._respond(405, _error("use GET"))
+        elif path == b"/v1/models":
+            self._respond(200, {"object": "list", "data": [{"id": "latscope-stream", "object": "model",
+                                                              "created": 0, "owned_by": "latscope"}]})
+        elif path in (b"/v1/completions", b"/v1/chat/completions"):
+            if method != b"POST":
+                return self._respond(405, _error("use POST"))
+            self._start(body, chat=path == b"/v1/chat/completions")
+        else:
+            self._respond(404, _error(f"no route {path.decode('latin-1')}", "not_found_error"))
+
+    def _head(self, status: int, ctype: bytes, framing: bytes) -> bytes:
+        compute_ms = (time.perf_counter_ns() - self.t_read) / 1e6
+        return (b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s\r\nServer-Timing: queue;dur=0.000, compute;dur=%.3f\r\n"
+                b"X-Replica-Id: stream-%d\r\n%s\r\n") % (status, REASONS[status], ctype, framing, compute_ms,
+                                                        os.getpid(), b"" if self.keep_alive else b"Connection: close\r\n")
+
+    def _respond(self, status: int, obj: Any) -> None:
+        data = json.dumps(obj, separators=(",", ":")).encode()
+        self.transport.write(self._head(status, b"application/json", b"Content-Length: %d" % len(data)) + data)
+        self._done()
+
+    def _done(self) -> None:
+        self.busy, self.handle = False, None
+        if self.transport is not None and not self.keep_alive:
+            self.transport.close()
+        else:
+            self._next()
+
+    def _fail(self, status: int) -> None:
+        """Answer a bad request, then half-close and discard input, so the client reads the answer."""
+        if self.handle is not None:
+            self.handle.cancel()
+        self.queue.clear()
+        self.draining, self.keep_alive, self.t_read = True, False, time.perf_counter_ns()
+        data = json.dumps(_error(f"{status} {REASONS[status].decode()}")).encode()
+        self.transport.write(self._head(status, b"application/json", b"Content-Length: %d" % len(data)) + data)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        asyncio.get_running_loop().call_later(5.0, self.transport.close)
+
+    # --- completions
+    def _start(self, raw: bytes, chat: bool) -> None:
+        try:
+            req = json.loads(raw)
+            if not isinstance(req, dict):
+                raise ValueError("body must be a JSON object")
+            gaps = [float(g) for g in req.get("token_gaps_ms") or []]
+            given = [req.get(k) for k in (("max_completion_tokens", "max_tokens") if chat else ("max_tokens",))]
+            count = next((v for v in given if v is not None), len(gaps) + 1 if gaps else self.timing.tokens)
+            if type(count) is not int or not 1 <= count <= MAX_TOKENS:
+                raise ValueError(f"max_tokens must be an integer in 1..{MAX_TOKENS}")
+            ttft, itl = float(req.get("ttft_ms", self.timing.ttft_ms)), float(req.get("itl_ms", self.timing.itl_ms))
+            if not all(0 <= t < 3.6e6 for t in (ttft, itl, *gaps)):
+                raise ValueError("ttft_ms, itl_ms and token_gaps_ms must be in [0, 1 h)")
+            self.prompt_tokens = _words(req.get("messages") if chat else req.get("prompt"))
+            self.stream = bool(req.get("stream"))
+            self.usage = bool((req.get("stream_options") or {}).get("include_usage")) if self.stream else True
+        except (ValueError, TypeError, AttributeError, RecursionError) as exc:
+            return self._respond(400, _error(str(exc)))
+        self.model, self.count, self.i, self.chat = str(req.get("model", "latscope-stream")), count, 0, chat
+        if self.model == "fault-500":
+            return self._respond(500, _error("injected fault", "server_error"))
+        self.gaps = [g / 1000 for g in gaps[:count - 1]] + [itl / 1000] * max(0, count - 1 - len(gaps))
+        loop = asyncio.get_running_loop()
+        self.due = loop.time() + 0.001 + ttft / 1000  # uvloop's clock ticks in ms: round up, never early
+        self.meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{os.getpid()}-{self.t_read}",
+                     "object": "chat.completion.chunk" if chat else "text_completion",
+                     "created": int(time.time()), "model": self.model}
+        prefix = json.dumps(self.meta, separators=(",", ":"))[:-1].encode()
+        self.token_head = prefix + (b',"choices":[{"index":0,"delta":{"content":" tok' if chat
+                                    else b',"choices":[{"index":0,"text":" tok')
+        self.token_mid = b'"},"finish_reason":' if chat else b'","finish_reason":'
+        if self.stream:
+            head = self._head(200, b"text/event-stream", b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked")
+            if chat:  # like vLLM: the role chunk leaves as soon as the request is read
+                head += _sse({**self.meta, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                        "logprobs": None, "finish_reason": None}]})
+            self.transport.write(head)
+            self.handle = loop.call_at(self.due, self._emit)
+        else:
+            self.handle = loop.call_at(self.due + sum(self.gaps), self._whole)
+
+    def _emit(self) -> None:
+        """Write token `self.i` as one SSE event in one chunk; schedule the next one."""
+        if self.transport is None or self.transport.is_closing():
+            return
+        i, last, fault = self.i, self.i == self.count - 1, self.model
+        if fault == "fault-error-event" and i == 1:
+            self.transport.write(_sse({"error": {"message": "boom <script>", "type": "server_error"}})
+                                 + _chunk(b"data: [DONE]\n\n") + CHUNK_END)
+            return self._done()
+        finish = b'"length"' if last else b"null"
+        t_ns = time.perf_counter_ns()
+        if fault == "fault-malformed" and i == 1:
+            out = _chunk(b"data: {not json\n\n")
+        else:
+            out = _chunk(b'data: %s%d%s%s}],"t_ns":%d}\n\n' % (self.token_head, i, self.token_mid, finish, t_ns))
+        if fault == "fault-truncate" and (i == 1 or last):
+            self.transport.write(out)
+            self.keep_alive = False
+            return self._done()  # closes mid-body: no terminating chunk, no [DONE]
+        if last:
+            if self.usage:
+                out += _sse({**self.meta, "choices": [], "usage": self._usage()})
+            out += (b"" if fault == "fault-no-done" else _chunk(b"data: [DONE]\n\n")) + CHUNK_END
+        self.transport.write(out)
+        if last:
+            return self._done()
+        self.due += self.gaps[i]
+        self.i = i + 1
+        self.handle = asyncio.get_running_loop().call_at(self.due, self._emit)
+
+    def _whole(self) -> None:
+        if self.model == "fault-truncate":
+            self.keep_alive = False
+            return self._done()  # closes without an answer
+        text = "".join(f" tok{i}" for i in range(self.count))
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+                  if self.chat else {"index": 0, "text": text, "finish_reason": "length"})
+        self._respond(200, {**self.meta, "object": "chat.completion" if self.chat else "text_completion",
+                            "choices": [choice], "usage": self._usage(), "t_ns": time.perf_counter_ns()})
+
+    def _usage(self) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.count,
+                "total_tokens": self.prompt_tokens + self.count}
+
+
+async def serve(host: str = "127.0.0.1", port: int = 0, timing: Timing = Timing()) -> None:
+    """Serve until SIGTERM or SIGINT; prints `ready http://HOST:PORT` once listening."""
+    loop = asyncio.get_running_loop()
+    conns: set[asyncio.Transport] = set()
+    server = await loop.create_server(lambda: StreamProtocol(timing, conns), host, port, backlog=4096)
+    print(f"ready http://{host}:{server.sockets[0].getsockname()[1]}", flush=True)
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    server.close()
+    for transport in list(conns):
+        transport.abort()
+    await server.wait_closed()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8766, help="0 picks a free port")
+    parser.add_argument("--ttft-ms", type=float, default=50.0, help="time to first token")
+    parser.add_argument("--itl-ms", type=float, default=20.0, help="gap between tokens")
+    parser.add_argument("--tokens", type=int, default=16, help="tokens when the request sets no max_tokens")
+    args = parser.parse_args(argv)
+    try:
+        import uvloop
+        runner = uvloop.run
+    except ImportError:  # Windows: no uvloop; the timings are then coarser
+        runner = asyncio.run
+    runner(serve(args.host, args.port, Timing(args.ttft_ms, args.itl_ms, args.tokens)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""What each request carries: prompt and answer lengths, prompts, tensors. Nothing about timing.
+
+The plan draws every request's lengths up front (`draw_lengths`, seeded, vectorized) so a run is
+reproducible and its schedule file says what each request asked for. In a worker, `Payloads` turns
+one planned request into a protocol-neutral `Payload` (a prompt of N tokens, a max_tokens, input
+tensors); the protocol then encodes it for the wire and times that encode.
+
+Synthetic prompts need no tokenizer download: they are runs of common short English words, each of
+which is one token (with its leading space) in the BPE tokenizers of GPT-2/GPT-4, Llama 2/3, Mistral
+and Qwen, so a prompt of N words is N tokens give or take a few percent on those servers (and exactly
+N on the reference server, whose toy tokenizer counts words). The server's own count, when it
+reports usage, is what the results record.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from latscope.errors import ScenarioError
+from latscope.records import Request
+from latscope.scenario import Dataset, LengthDist, Scenario, TensorSpec
+
+# Common English words that tokenize as a single token with a leading space in mainstream BPE
+# vocabularies (checked against GPT-2's and Llama's merges: all are whole-word entries).
+VOCABULARY = (
+    "the of and to in is that for it as was with be by on not he this are or his from at which but "
+    "have an they you were her she there one all we their can has been more if no would out so what "
+    "up its about into than them only other new some time could these two may then do first any my "
+    "now such like our over man me even most made after also did many before must through back years "
+    "where much your way well down should because each just those people how too little state good "
+    "very make world still own see men work long get here between both life being under never day "
+    "same another know while last might us great old year off come since against go came right used "
+    "take three"
+).split()
+TEXT_WORDS = 1 << 16  # the synthetic text prompts are cut from (a prompt longer than this repeats it)
+TENSOR_POOL = 4  # random tensors kept per class; requests cycle through them
+DTYPES = {
+    "BOOL": np.bool_, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,
+    "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
+    "FP16": np.float16, "FP32": np.float32, "FP64": np.float64,
+}
+DATATYPES = {np.dtype(v): k for k, v in DTYPES.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    name: str
+    datatype: str  # KServe v2 datatype, e.g. "FP32"
+    array: np.ndarray
+
+
+@dataclass(slots=True)
+class Payload:
+    """What one request carries, before any protocol encodes it."""
+
+    prompt: str | None = None  # text prompt (synthetic or from a dataset)
+    max_tokens: int | None = None  # answer length asked for
+    tensors: list[Tensor] | None = None  # KServe v2 inputs
+
+
+# -- lengths (used by the plan) ---------------------------------------------------------------
+
+
+def draw_lengths(dist: LengthDist, n: int, rng: np.random.Generator, scenario: Scenario) -> np.ndarray:
+    """`n` lengths (int32, each >= 1) from `dist`."""
+    match dist.dist:
+        case "fixed":
+            return np.full(n, dist.value, dtype=np.int32)
+        case "uniform":
+            return rng.integers(dist.min, dist.max + 1, size=n).astype(np.int32)
+        case "normal":
+            values = rng.normal(dist.mean, dist.std, size=n)
+        case "lognormal":
+            # mean/std are of the lengths themselves: sigma² = ln(1 + std²/mean²), mu = ln(mean) − sigma²/2
+            sigma2 = np.log1p((dist.std / dist.mean) ** 2)
+            values = rng.lognormal(np.log(dist.mean) - sigma2 / 2, np.sqrt(sigma2), size=n)
+        case "empirical":
+            sample = read_lengths(scenario.resolve_path(dist.file), dist.column)
+            return rng.choice(sample, size=n).astype(np.int32)
+        case _:
+            raise AssertionError(f"unhandled length distribution {dist.dist}")
+    high = dist.max if dist.max is not None else np.iinfo(np.int32).max
+    return np.clip(np.rint(values), dist.min, high).astype(np.int32)
+
+
+def read_lengths(path: Path, column: str | None) -> np.ndarray:
+    """Positive integer lengths from a CSV column, a JSONL field or a file of one number per line."""
+    if not path.is_file():
+        raise ScenarioError(f"length file {path}: not found")
+    try:
+        if path.suffix == ".csv":
+            import pandas as pd
+
+            frame = pd.read_csv(path)
+            if column not in frame.columns:
+                raise ScenarioError(f"length file {path}: no column {column!r} (columns: {', '.join(map(str, frame.columns))})")
+            values = frame[column].to_numpy()
+        elif path.suffix in (".jsonl", ".ndjson"):
+            if column is None:
+                raise ScenarioError(f"length file {path}: say which field holds the lengths (column: ...)")
+            values = np.array([json.loads(line)[column] for line in path.read_text().splitlines() if line.strip()])
+        else:
+            values = np.array([float(line) for line in path.read_text().split()])
+        lengths = np.asarray(values, dtype=np.float64)
+    except (ValueError, KeyError, TypeError, OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(f"length file {path}: cannot read lengths ({exc})") from None
+    lengths = lengths[np.isfinite(lengths) & (lengths >= 1)]
+    if len(lengths) == 0:
+        raise ScenarioError(f"length file {path}: no positive lengths in it")
+    return np.rint(lengths).astype(np.int32)
+
+
+# -- payloads (used by the protocols, in the workers) -----------------------------------------
+
+
+def read_dataset(dataset: Dataset, path: Path) -> list[str]:
+    """The prompts of a dataset file: JSONL (one object per line) or, for ShareGPT, a JSON array too."""
+    if not path.is_file():
+        raise ScenarioError(f"dataset {path}: not found")
+    try:
+        text = path.read_text()
+        rows = json.loads(text) if text.lstrip().startswith("[") else [json.loads(l) for l in text.splitlines() if l.strip()]
+    except (ValueError, OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(f"dataset {path}: not JSON lines ({exc})") from None
+    prompts = []
+    for row in rows:
+        if dataset.format == "sharegpt":
+            turns = (row.get("conversations") or []) if isinstance(row, dict) else []
+            prompt = next((t.get("value") for t in turns if isinstance(t, dict) and t.get("from") in ("human", "user")), None)
+        else:
+            prompt = row.get(dataset.field) if isinstance(row, dict) else None
+        if isinstance(prompt, str) and prompt.strip():
+            prompts.append(prompt)
+    if not prompts:
+        what = "conversations with a human turn" if dataset.format == "sharegpt" else f"rows with a text field {dataset.field!r}"
+        raise ScenarioError(f"dataset {path}: no {what}")
+    return prompts
+
+
+def make_tensors(specs: list[TensorSpec], rng: np.random.Generator, scenario: Scenario) -> list[Tensor]:
+    """One set of input tensors: each random (uniform in [low, high)) or loaded from its .npy file."""
+    tensors = []
+    for spec in specs:
+        if spec.npy is not None:
+            path = scenario.resolve_path(spec.npy)
+            try:
+                array = np.load(path, allow_pickle=False)
+            except (OSError, ValueError) as exc:
+                raise ScenarioError(f"tensor {spec.name}: cannot load {path} ({exc})") from None
+            if array.dtype not in DATATYPES:
+                raise ScenarioError(f"tensor {spec.name}: {path} holds {array.dtype}, which KServe v2 has no datatype for")
+            tensors.append(Tensor(spec.name, DATATYPES[array.dtype], array))
+            continue
+        dtype = np.dtype(DTYPES[spec.datatype])
+        if dtype.kind == "f":
+            array = rng.uniform(spec.low, spec.high, size=spec.shape).astype(dtype)
+        elif dtype.kind == "b":
+            array = rng.random(size=spec.shape) < 0.5
+        else:
+            array = rng.integers(int(spec.low), max(int(spec.high), int(spec.low) + 1), size=spec.shape).astype(dtype)
+        tensors.append(Tensor(spec.name, spec.datatype, array))
+    return tensors
+
+
+class Payloads:
+    """Builds each request's payload in a worker. Datasets and tensors are loaded once, here, so a
+    broken file fails the run before it starts (the parent builds one to check)."""
+
+    def __init__(self, scenario: Scenario):
+        classes = scenario.workload.effective_classes()
+        rng = np.random.default_rng(np.random.SeedSequence(scenario.seed).spawn(len(scenario.phases) + 3)[-1])
+        words = np.array(VOCABULARY)[rng.integers(0, len(VOCABULARY), size=TEXT_WORDS)]
+        self._words: list[str] = words.tolist()
+        self._datasets = [read_dataset(c.dataset, scenario.resolve_path(c.dataset.file)) if c.dataset else None
+                          for c in classes]
+        self._tensors = [[make_tensors(c.tensors, rng, scenario) for _ in range(TENSOR_POOL)] if c.tensors else None
+                         for c in classes]
+
+    def synthetic_prompt(self, tokens: int, start: int) -> str:
+        """`tokens` words of the synthetic text, from word `start` on (wrapping around)."""
+        words, n = self._words, len(self._words)
+        start %= n
+        if start + tokens <= n:
+            return " ".join(words[start : start + tokens])
+        return " ".join((words[start:] + words * (tokens // n + 1))[:tokens])
+
+    def get(self, request: Request) -> Payload:
+        payload = Payload(max_tokens=request.output_tokens or None)
+        dataset, tensors = self._datasets[request.cls], self._tensors[request.cls]
+        if dataset is not None:
+            payload.prompt = dataset[request.item % len(dataset)]
+        elif request.prompt_tokens:
+            payload.prompt = self.synthetic_prompt(request.prompt_tokens, request.item)
+        if tensors is not None:
+            payload.tensors = tensors[request.item % len(tensors)]
+        return payload
