@@ -42,8 +42,6 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO))  # first: this script's own name must not shadow the reference_server package
 
 import numpy as np  # noqa: E402
-import onnx  # noqa: E402
-from onnx import TensorProto, helper  # noqa: E402
 
 from common import (  # noqa: E402
     fmt, free_port, machine_facts, machine_line, markdown_table, update_results_md, wait_until_up, write_report_json,
@@ -206,15 +204,6 @@ def capacity(mode: Mode, work: Path) -> dict:
 # -- 2. serialization ----------------------------------------------------------------------------
 
 
-def identity_model(path: Path) -> Path:
-    """FP32 [batch, 384] -> the same: all of the request's time is transport and serialization."""
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", HIDDEN])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", HIDDEN])
-    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "identity", [x], [y])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
-    return path
-
-
 def server_timing(header: str) -> dict[str, float]:
     parts = {}
     for part in header.split(","):
@@ -285,9 +274,8 @@ def grpc_exchange(target: str) -> Callable[[np.ndarray], dict[str, float]]:
 
 
 def serialization(mode: Mode, work: Path) -> list[dict]:
-    model = identity_model(work / "identity.onnx")
     port, grpc_port = free_port(), free_port()
-    command = reference_command(work / "cache", port, "--model", str(model), "--model-name", "ident",
+    command = reference_command(work / "cache", port, "--builtin", "identity", "--model-name", "ident",
                                 "--max-queue-delay-us", "0", "--grpc-port", str(grpc_port))
     rows = []
     with started("identity", command, port, work / "servers.log"):

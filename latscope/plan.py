@@ -88,9 +88,13 @@ def _phase_offsets(phase: Phase, scenario: Scenario, rng: np.random.Generator) -
             if d is None:  # the phase lasts as long as the (sped-up) trace
                 d = float(offsets[-1]) + 1e-6 if len(offsets) else 0.0
             lengths = {}
-            for key, column in (("prompt_tokens", a.prompt_tokens_column), ("output_tokens", a.output_tokens_column)):
-                if column is not None:
-                    lengths[key] = arrivals.trace_lengths(trace, column, path)[rows]
+            if (spec := a.lengths) is not None:
+                for key, column, cap in (("prompt_tokens", spec.prompt_column, spec.max_prompt),
+                                         ("output_tokens", spec.output_column, spec.max_output)):
+                    if column is not None:
+                        values = arrivals.trace_lengths(trace, column, path)[rows]
+                        scaled = np.maximum(1, np.rint(values * spec.scale)) if spec.scale != 1 else values
+                        lengths[key] = np.where(values > 0, np.minimum(scaled, cap or np.iinfo(np.int32).max), 0).astype(np.int32)
             return offsets, d, lengths
     raise AssertionError(f"unhandled arrival type {a.type}")
 

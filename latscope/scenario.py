@@ -74,6 +74,7 @@ __all__ = [
     "Target",
     "TensorSpec",
     "TraceArrival",
+    "TraceLengths",
     "Validity",
     "Workload",
     "WorkloadClass",
@@ -365,6 +366,18 @@ class SpikeArrival(_Model):
     spacing: Spacing = "poisson"
 
 
+class TraceLengths(_Model):
+    """Per-request lengths from a trace's columns (the Azure trace: ContextTokens, GeneratedTokens).
+    They replace the workload class's prompt_tokens / output_tokens for the phase's requests, after
+    `scale` (to fit a smaller model's context) and the caps."""
+
+    prompt_column: str | None = None
+    output_column: str | None = None
+    scale: float = Field(1.0, gt=0)
+    max_prompt: int | None = Field(None, ge=1)
+    max_output: int | None = Field(None, ge=1)
+
+
 class TraceArrival(_Model):
     """Arrival times replayed from a CSV file (relative paths: from the scenario's folder)."""
 
@@ -373,10 +386,7 @@ class TraceArrival(_Model):
     time_column: str | None = None
     speedup: float = Field(1.0, gt=0)
     start: Duration = 0.0  # skip the trace's first `start` seconds
-    # Per-request lengths from the trace (e.g. the Azure trace's ContextTokens / GeneratedTokens):
-    # they replace the workload class's prompt_tokens / output_tokens for this phase's requests.
-    prompt_tokens_column: str | None = None
-    output_tokens_column: str | None = None
+    lengths: TraceLengths | None = None  # per-request prompt/output lengths from the trace's columns
 
 
 Arrival = Annotated[
@@ -467,6 +477,8 @@ class EmpiricalLength(_Model):
 LengthDist = Annotated[
     Union[FixedLength, UniformLength, NormalLength, LognormalLength, EmpiricalLength], Field(discriminator="dist")
 ]
+
+LENGTH_DISTS = tuple(m.model_fields["dist"].default for m in get_args(get_args(LengthDist)[0]))
 
 
 def _length(value: Any) -> Any:
@@ -650,6 +662,15 @@ class Validity(_Model):
 # --------------------------------------------------------------------------------------------------
 
 
+class _ProblemAt(ValueError):
+    """A problem found by a check across fields, with the data path of the field it is about (so the
+    error names that field's line rather than the scenario's)."""
+
+    def __init__(self, path: tuple[str | int, ...], message: str):
+        super().__init__(f"{_dotted(path)}: {message}")
+        self.path, self.message = path, message
+
+
 @dataclass(frozen=True)
 class Endpoint:
     """A workload class's resolved endpoint (see Scenario.endpoint)."""
@@ -716,19 +737,19 @@ class Scenario(_Model):
     @model_validator(mode="after")
     def _classes_fit_their_protocol(self) -> Scenario:
         for i, cls in enumerate(self.workload.effective_classes()):
-            where = f"workload.classes[{i}]" if self.workload.classes else "workload"
+            where: DataPath = ("workload", "classes", i) if self.workload.classes else ("target",)
             protocol = cls.protocol or self.target.protocol
             if cls.url is not None and cls.protocol is None:
                 try:
                     _check_url(cls.url, protocol)
                 except ValueError as exc:
-                    raise ValueError(f"{where}.url: {exc}") from None
+                    raise _ProblemAt((*where, "url"), str(exc)) from None
             if protocol != "http" and (cls.model or self.target.model) is None:
-                raise ValueError(f"{where}: protocol {protocol} needs a model name (target.model or the class's model)")
+                raise _ProblemAt(where, f"protocol {protocol} needs a model name (target.model or the class's model)")
             if protocol.startswith("kserve") and not cls.tensors:
-                raise ValueError(f"{where}: protocol {protocol} needs tensors (the inputs to send)")
+                raise _ProblemAt(where, f"protocol {protocol} needs tensors (the inputs to send)")
             if protocol == "kserve-v2-grpc" and cls.protocol is not None and cls.url is None and self.target.protocol != protocol:
-                raise ValueError(f"{where}: a class that switches to kserve-v2-grpc needs its own url (grpc://host:port)")
+                raise _ProblemAt(where, "a class that switches to kserve-v2-grpc needs its own url (grpc://host:port)")
         return self
 
     def endpoint(self, cls: int) -> Endpoint:
@@ -1129,15 +1150,21 @@ def _validation_problems(exc: ValidationError, data: dict, origin: _Origin, temp
             message = f"unknown field ({hint}allowed: {', '.join(allowed)})"
             show_input = False
         elif kind in ("union_tag_invalid", "union_tag_not_found"):
-            expected = ", ".join(re.findall(r"'([^']*)'", error.get("ctx", {}).get("expected_tags", ""))) or ", ".join(ARRIVAL_TYPES)
+            ctx = error.get("ctx", {})
+            tag = ctx.get("discriminator", "'type'").strip("'")
+            known = LENGTH_DISTS if tag == "dist" else ARRIVAL_TYPES
+            expected = ", ".join(re.findall(r"'([^']*)'", ctx.get("expected_tags", ""))) or ", ".join(known)
             if kind == "union_tag_invalid":
-                path = (*path, "type")
-                message = f"unknown type {error['ctx']['tag']!r} (allowed: {expected})"
+                path = (*path, tag)
+                message = f"unknown {tag} {ctx['tag']!r} (allowed: {expected})"
             else:
-                message = f"missing 'type' (one of: {expected})"
+                message = f"missing {tag!r} (one of: {expected})"
             show_input = False
         elif kind == "value_error":
             message = message.removeprefix("Value error, ")
+            cause = error.get("ctx", {}).get("error")
+            if isinstance(cause, _ProblemAt):  # a check across fields that knows which field is wrong
+                path, message, show_input = cause.path, cause.message, False
         if show_input and not isinstance(error["input"], (dict, list)):
             message += f" (got {_show(error['input'], path, templates)})"
         problems.append(origin.problem(path, message))

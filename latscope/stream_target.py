@@ -6,7 +6,7 @@ It exists to check latscope's streaming client: every token event carries `"t_ns
 `time.perf_counter_ns()` (CLOCK_MONOTONIC, shared by all processes on the machine) taken right
 before the chunk is handed to the socket, so a client on the same host can compare its arrival
 stamps with the true write times, and it is cheap enough per chunk (raw asyncio.Protocol on uvloop,
-httptools parsing, one `loop.call_at` timer per stream, no task per token) to hold 1,000+ streams.
+httptools parsing, one pending deadline per stream, no task per token) to hold 1,000+ streams.
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /health, GET /v1/models. The first
 token leaves `ttft_ms` after the request is read, then one every `itl_ms`; a request body may set
@@ -21,13 +21,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
+import heapq
+import itertools
 import json
 import os
 import signal
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import httptools
 
@@ -38,6 +42,7 @@ MAX_QUEUED = 8  # pipelined requests waiting behind a stream before we stop read
 REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 405: b"Method Not Allowed",
            413: b"Payload Too Large", 431: b"Request Header Fields Too Large", 500: b"Internal Server Error"}
 CHUNK_END = b"0\r\n\r\n"
+EARLY_NS = 50_000  # a deadline this close is run now: fewer wakeups, gaps still within 0.05 ms
 
 
 @dataclass(frozen=True)
@@ -76,17 +81,71 @@ def _words(value: Any) -> int:
     return 0
 
 
+class Ticker:
+    """Runs callbacks at absolute `perf_counter_ns` times. uvloop's timers tick in whole ms and fire
+    up to 1 ms late, so on Linux one timerfd, armed at the earliest deadline of a heap, drives them
+    (µs precision; CLOCK_MONOTONIC is perf_counter_ns's clock). Elsewhere: `loop.call_at`."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop, self.heap, self.seq, self.firing, self.fd = loop, [], itertools.count(), False, -1
+        if sys.platform == "linux":
+            self.libc = ctypes.CDLL(None, use_errno=True)
+            self.spec = (ctypes.c_long * 4)()  # struct itimerspec: interval (0, 0), then the deadline
+            self.fd = self.libc.timerfd_create(time.CLOCK_MONOTONIC, os.O_NONBLOCK | os.O_CLOEXEC)
+            if self.fd >= 0:
+                loop.add_reader(self.fd, self._fire)
+
+    def at(self, t_ns: int, callback: Callable[[], None]) -> Any:
+        """Run `callback` at `t_ns` (perf_counter_ns clock); returns a handle for `cancel`."""
+        if self.fd < 0:
+            return self.loop.call_at(self.loop.time() + (t_ns - time.perf_counter_ns()) / 1e9, callback)
+        entry = [t_ns, next(self.seq), callback]
+        heapq.heappush(self.heap, entry)
+        if not self.firing and self.heap[0] is entry:  # _fire re-arms when it is done
+            self._arm(t_ns)
+        return entry
+
+    @staticmethod
+    def cancel(handle: Any) -> None:
+        if isinstance(handle, list):
+            handle[2] = None  # dropped from the heap when its time comes
+        elif handle is not None:
+            handle.cancel()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            self.loop.remove_reader(self.fd)
+            os.close(self.fd)
+            self.fd = -1
+
+    def _arm(self, t_ns: int) -> None:  # re-arming also clears the fd's readiness; 0 disarms
+        self.spec[2], self.spec[3] = divmod(t_ns, 1_000_000_000)
+        self.libc.timerfd_settime(self.fd, 1, self.spec, None)  # 1: TFD_TIMER_ABSTIME
+
+    def _fire(self) -> None:
+        heap, self.firing = self.heap, True
+        while heap and heap[0][0] <= time.perf_counter_ns() + EARLY_NS:
+            callback = heapq.heappop(heap)[2]
+            if callback is not None:
+                try:
+                    callback()
+                except Exception as exc:  # the timer must be re-armed whatever happens
+                    self.loop.call_exception_handler({"message": "token callback failed", "exception": exc})
+        self.firing = False
+        self._arm(heap[0][0] if heap else 0)
+
+
 class StreamProtocol(asyncio.Protocol):
     """One HTTP/1.1 keep-alive connection; serves its requests one after the other."""
 
-    def __init__(self, timing: Timing, conns: set[asyncio.Transport]) -> None:
-        self.timing, self.conns = timing, conns
+    def __init__(self, timing: Timing, conns: set[asyncio.Transport], ticker: Ticker) -> None:
+        self.timing, self.conns, self.ticker = timing, conns, ticker
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.queue: deque[tuple[bytes, bytes, bytes, bool]] = deque()
-        self.busy = self.draining = self.in_headers = False
+        self.busy = self.draining = self.in_headers = self.eof = False
         self.head_bytes = 0
-        self.handle: asyncio.TimerHandle | None = None
+        self.handle: Any = None
         self.url, self.body, self.body_size = b"", [], 0
 
     # --- connection and parser callbacks
@@ -96,10 +155,13 @@ class StreamProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.conns.discard(self.transport)
-        if self.handle is not None:
-            self.handle.cancel()  # the client went away mid-stream: no timer left behind
+        Ticker.cancel(self.handle)  # the client went away mid-stream: no timer left behind
         self.handle, self.transport = None, None
         self.queue.clear()
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        return self.busy or bool(self.queue)  # half-closed: answer what was asked, then close
 
     def data_received(self, data: bytes) -> None:
         if self.draining:
@@ -177,15 +239,14 @@ class StreamProtocol(asyncio.Protocol):
 
     def _done(self) -> None:
         self.busy, self.handle = False, None
-        if self.transport is not None and not self.keep_alive:
+        if self.transport is not None and (not self.keep_alive or (self.eof and not self.queue)):
             self.transport.close()
         else:
             self._next()
 
     def _fail(self, status: int) -> None:
         """Answer a bad request, then half-close and discard input, so the client reads the answer."""
-        if self.handle is not None:
-            self.handle.cancel()
+        Ticker.cancel(self.handle)
         self.queue.clear()
         self.draining, self.keep_alive, self.t_read = True, False, time.perf_counter_ns()
         data = json.dumps(_error(f"{status} {REASONS[status].decode()}")).encode()
@@ -216,9 +277,8 @@ class StreamProtocol(asyncio.Protocol):
         self.model, self.count, self.i, self.chat = str(req.get("model", "latscope-stream")), count, 0, chat
         if self.model == "fault-500":
             return self._respond(500, _error("injected fault", "server_error"))
-        self.gaps = [g / 1000 for g in gaps[:count - 1]] + [itl / 1000] * max(0, count - 1 - len(gaps))
-        loop = asyncio.get_running_loop()
-        self.due = loop.time() + 0.001 + ttft / 1000  # uvloop's clock ticks in ms: round up, never early
+        self.gaps = [round(g * 1e6) for g in gaps[:count - 1]] + [round(itl * 1e6)] * max(0, count - 1 - len(gaps))
+        self.due = self.t_read + round(ttft * 1e6)
         self.meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{os.getpid()}-{self.t_read}",
                      "object": "chat.completion.chunk" if chat else "text_completion",
                      "created": int(time.time()), "model": self.model}
@@ -232,9 +292,9 @@ class StreamProtocol(asyncio.Protocol):
                 head += _sse({**self.meta, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                                         "logprobs": None, "finish_reason": None}]})
             self.transport.write(head)
-            self.handle = loop.call_at(self.due, self._emit)
+            self.handle = self.ticker.at(self.due, self._emit)
         else:
-            self.handle = loop.call_at(self.due + sum(self.gaps), self._whole)
+            self.handle = self.ticker.at(self.due + sum(self.gaps), self._whole)
 
     def _emit(self) -> None:
         """Write token `self.i` as one SSE event in one chunk; schedule the next one."""
@@ -264,7 +324,7 @@ class StreamProtocol(asyncio.Protocol):
             return self._done()
         self.due += self.gaps[i]
         self.i = i + 1
-        self.handle = asyncio.get_running_loop().call_at(self.due, self._emit)
+        self.handle = self.ticker.at(self.due, self._emit)
 
     def _whole(self) -> None:
         if self.model == "fault-truncate":
@@ -285,7 +345,8 @@ async def serve(host: str = "127.0.0.1", port: int = 0, timing: Timing = Timing(
     """Serve until SIGTERM or SIGINT; prints `ready http://HOST:PORT` once listening."""
     loop = asyncio.get_running_loop()
     conns: set[asyncio.Transport] = set()
-    server = await loop.create_server(lambda: StreamProtocol(timing, conns), host, port, backlog=4096)
+    ticker = Ticker(loop)
+    server = await loop.create_server(lambda: StreamProtocol(timing, conns, ticker), host, port, backlog=4096)
     print(f"ready http://{host}:{server.sockets[0].getsockname()[1]}", flush=True)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -295,6 +356,7 @@ async def serve(host: str = "127.0.0.1", port: int = 0, timing: Timing = Timing(
     for transport in list(conns):
         transport.abort()
     await server.wait_closed()
+    ticker.close()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -47,6 +47,9 @@ def main() -> None:
          help="Largest request body; past it, 413.")
 @_option("--threads", type=click.IntRange(min=1), default=None,
          help="Backend intra-op threads [default: one per CPU core].")
+@_option("--builtin", type=click.Choice(["encoder", "identity"]), default="encoder",
+         help="Built-in model to serve when no --model is given: the transformer encoder, or an identity "
+              "(FP32 x [batch, 384] -> y) whose every millisecond is transport and serialization.")
 @_option("--layers", type=click.IntRange(min=1), default=None,
          help="Transformer layers of the built-in encoder [default: 6].")
 @_option("--extra-latency-ms", type=click.FloatRange(min=0), default=0.0,

@@ -167,3 +167,25 @@ def cached_model(kind: str, cfg: Any, build_version: int, build: Callable[[], on
 def cached_encoder(cfg: EncoderConfig, cache_dir: Path) -> tuple[Path, bool]:
     """Path of the encoder for `cfg` in `cache_dir`, building it when absent; also whether it was reused."""
     return cached_model("encoder", cfg, BUILD_VERSION, lambda: build_encoder(cfg), cache_dir)
+
+
+@dataclass(frozen=True)
+class IdentityConfig:
+    """The identity model: FP32 x [batch, width] -> y, the same values. With no compute at all, every
+    millisecond a request takes is transport and (de)serialization: the model for comparing JSON,
+    binary tensors and gRPC."""
+
+    width: int = 384
+    max_batch: int = 4096
+
+
+def build_identity(cfg: IdentityConfig) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", cfg.width])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", cfg.width])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "identity", [x], [y])
+    return finish_model(graph, "batch", cfg.max_batch, cfg)
+
+
+def cached_identity(cfg: IdentityConfig, cache_dir: Path) -> tuple[Path, bool]:
+    """Path of the identity model for `cfg` in `cache_dir`, building it when absent; also whether it was reused."""
+    return cached_model("identity", cfg, BUILD_VERSION, lambda: build_identity(cfg), cache_dir)

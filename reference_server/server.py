@@ -24,7 +24,7 @@ from reference_server.batcher import Batcher
 from reference_server.grpc_server import bind_grpc
 from reference_server.http_server import ServedModel, make_app
 from reference_server.metrics import Metrics
-from reference_server.model import DEFAULT_CACHE, EncoderConfig, cached_encoder
+from reference_server.model import DEFAULT_CACHE, EncoderConfig, IdentityConfig, cached_encoder, cached_identity
 from reference_server.openai_api import mount_generator
 from reference_server.replicas import ReplicaRole, managed_model
 
@@ -50,6 +50,7 @@ class ServerConfig:
     max_queue: int = 256
     max_body_bytes: int = 16 * 1024 * 1024
     threads: int | None = None  # None: one per CPU core
+    builtin: str = "encoder"  # the built-in model when `model` is None: "encoder" or "identity"
     layers: int | None = None  # None: the encoder's default; only for the built-in model
     extra_latency_ms: float = 0.0
     cache_dir: Path = DEFAULT_CACHE  # where the built-in model is cached
@@ -76,6 +77,10 @@ def resolve_model(config: ServerConfig) -> Path:
             raise StartupError(f"--model {config.model}: no such file")
         log.info("model %s: user file %s", config.model_name, config.model)
         return config.model
+    if config.builtin == "identity":
+        path, reused = cached_identity(IdentityConfig(), config.cache_dir.expanduser())
+        log.info("model %s: built-in identity, %s %s", config.model_name, "reused cached" if reused else "built", path)
+        return path
     encoder = EncoderConfig() if config.layers is None else EncoderConfig(layers=config.layers)
     started = time.perf_counter()
     path, reused = cached_encoder(encoder, config.cache_dir.expanduser())

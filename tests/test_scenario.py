@@ -458,3 +458,76 @@ def test_direct_construction_validates_too():
 
     with pytest.raises(ValidationError, match="phases"):
         Scenario.model_validate({"target": {"url": "http://x"}, "phases": []})
+
+
+# -- protocols and workload classes --------------------------------------------------------------
+
+PROTOCOLS = MINIMAL.replace("  url: http://127.0.0.1:9\n", "  url: http://127.0.0.1:9\n  protocol: openai\n  model: m\n")
+
+
+def test_endpoint_resolves_class_settings_over_the_target():
+    s = scenario_from_dict({
+        "target": {"url": "http://127.0.0.1:9", "protocol": "openai", "model": "llm", "api_key": "k",
+                   "headers": {"X-A": "1"}, "openai": {"api": "completions"}},
+        "phases": [{"name": "p", "duration": 1, "arrival": {"type": "constant", "rate": 1}}],
+        "workload": {"classes": [
+            {"name": "text"},
+            {"name": "chat", "openai": {"api": "chat", "stream": False}, "headers": {"X-B": "2"}},
+            {"name": "json", "protocol": "kserve-v2", "model": "enc", "tensors": [{"name": "x", "shape": [1, 4]}]},
+            {"name": "grpc", "protocol": "kserve-v2-grpc", "url": "grpc://127.0.0.1:8001", "model": "enc",
+             "kserve": {"version": "2"}, "tensors": [{"name": "x", "shape": [1, 4]}]},
+        ]},
+    })
+    text, chat, json_, grpc = (s.endpoint(i) for i in range(4))
+    assert (text.path, text.method, text.model, text.api_key) == ("/v1/completions", "POST", "llm", "k")
+    assert chat.path == "/v1/chat/completions" and chat.openai.stream is False and chat.headers == {"X-A": "1", "X-B": "2"}
+    assert (json_.protocol, json_.path, json_.url) == ("kserve-v2", "/v2/models/enc/infer", "http://127.0.0.1:9")
+    assert (grpc.protocol, grpc.url, grpc.path) == ("kserve-v2-grpc", "grpc://127.0.0.1:8001", "/v2/models/enc/versions/2/infer")
+
+
+@pytest.mark.parametrize(
+    "classes, expected",
+    [
+        ("    - {name: g, protocol: kserve-v2-grpc, url: 'http://h:1', tensors: [{name: a, shape: [1]}]}\n",
+         r":12: workload.classes\[0\].url: kserve-v2-grpc needs a grpc://host:port"),
+        ("    - {name: g, protocol: kserve-v2, tensors: []}\n", r":12: workload.classes\[0\]: protocol kserve-v2 needs tensors"),
+        ("    - {name: g, protocol: kserve-v2-grpc, tensors: [{name: a, shape: [1]}]}\n",
+         r":12: workload.classes\[0\]: a class that switches to kserve-v2-grpc needs its own url"),
+        ("    - {name: z, prompt_tokens: {dist: uniform, min: 5, max: 2}}\n", r":12: workload.classes\[0\].prompt_tokens.uniform: max \(2\) must be at least min \(5\)"),
+        ("    - {name: z, prompt_tokens: 0}\n", r":12: workload.classes\[0\].prompt_tokens: Input should be greater than or equal to 1"),
+        ("    - {name: z, prompt_tokens: {mean: 3}}\n", r":12: workload.classes\[0\].prompt_tokens: missing 'dist' \(one of: fixed, uniform, normal, lognormal, empirical\)"),
+        ("    - {name: z, prompt_tokens: 5, dataset: {file: a.jsonl}}\n", r":12: workload.classes\[0\]: .*prompt_tokens .* or a dataset, not both"),
+        ("    - {name: t, tensors: [{name: a}]}\n", r":12: workload.classes\[0\].tensors\[0\]: .*give a shape"),
+    ],
+)
+def test_protocol_and_workload_problems_name_line_and_field(tmp_path, classes, expected):
+    path = tmp_path / "s.yaml"
+    path.write_text(PROTOCOLS + "workload:\n  classes:\n" + classes)
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(path)
+    assert re.search(expected, str(info.value)), str(info.value)
+
+
+def test_non_http_protocol_without_a_model_is_refused_at_the_target():
+    with pytest.raises(ScenarioError, match=r"target: protocol openai needs a model name"):
+        scenario_from_dict({"target": {"url": "http://127.0.0.1:9", "protocol": "openai"},
+                            "phases": [{"name": "p", "duration": 1, "arrival": {"type": "constant", "rate": 1}}]})
+
+
+def test_grpc_target_url_must_be_grpc(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(MINIMAL.replace("  url: http://127.0.0.1:9\n", "  protocol: kserve-v2-grpc\n  url: http://127.0.0.1:9\n  model: m\n"))
+    with pytest.raises(ScenarioError, match=r"s.yaml:4: target.url: kserve-v2-grpc needs a grpc://host:port"):
+        load_scenario(path)
+
+
+def test_api_key_is_redacted_unless_it_came_from_the_environment(tmp_path, monkeypatch):
+    path = tmp_path / "s.yaml"
+    path.write_text(PROTOCOLS.replace("  model: m\n", "  model: m\n  api_key: sk-literal-secret\n"))
+    assert "sk-literal-secret" not in redacted_yaml(load_scenario(path)) and "api_key: <redacted>" in redacted_yaml(load_scenario(path))
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
+    path.write_text(PROTOCOLS.replace("  model: m\n", "  model: m\n  api_key: ${OPENAI_API_KEY}\n"))
+    scenario = load_scenario(path)
+    assert scenario.target.api_key == "sk-from-env"
+    dumped = redacted_yaml(scenario)
+    assert "sk-from-env" not in dumped and "${OPENAI_API_KEY}" in dumped

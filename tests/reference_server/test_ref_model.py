@@ -7,7 +7,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from reference_server.model import EncoderConfig, build_encoder, cached_encoder
+from reference_server.model import EncoderConfig, IdentityConfig, build_encoder, cached_encoder, cached_identity
 from reference_server.signature import TensorSpec, read_signature
 
 SMALL = EncoderConfig(layers=1)
@@ -67,3 +67,11 @@ def test_user_model_signature_is_read_from_its_graph(tmp_path):
     assert sig.outputs == (TensorSpec("y", "FP32", ("n", 2)),)
     assert sig.batch_dim == "n" and sig.dim_limits == {}
     assert sig.inputs[0].v2_shape() == [-1, 4]
+
+
+def test_identity_model_returns_its_input_and_is_cached(tmp_path):
+    path, reused = cached_identity(IdentityConfig(), tmp_path)
+    assert not reused and cached_identity(IdentityConfig(), tmp_path) == (path, True)
+    x = np.random.default_rng(0).standard_normal((32, 384)).astype(np.float32)
+    (y,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert np.array_equal(x, y)

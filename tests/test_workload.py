@@ -1,0 +1,148 @@
+"""Workload: what each request carries (lengths drawn by the plan, payloads built in the worker)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from latscope.errors import ScenarioError
+from latscope.plan import DEFAULT_PROMPT_TOKENS, build_plan
+from latscope.records import Request
+from latscope.scenario import scenario_from_dict
+from latscope.workload import VOCABULARY, Payloads, draw_lengths
+
+from conftest import SHARED_DATA
+
+
+def _scenario(classes: list[dict], phases: list[dict] | None = None, protocol: str = "openai", base: str = "") -> dict:
+    data = {
+        "target": {"url": "http://127.0.0.1:9", "protocol": protocol, "model": "m"},
+        "phases": phases or [{"name": "p", "duration": 100, "arrival": {"type": "constant", "rate": 200}}],
+        "workload": {"classes": classes},
+    }
+    return data
+
+
+def test_length_distributions_have_the_asked_moments_and_bounds():
+    rng = np.random.default_rng(0)
+    n = 200_000
+    s = scenario_from_dict(_scenario([{"name": "a", "prompt_tokens": {"dist": "uniform", "min": 10, "max": 20}}]))
+    uniform = draw_lengths(s.workload.classes[0].prompt_tokens, n, rng, s)
+    # Mean of n uniform draws on 10..20: standard error sqrt(10)/sqrt(n) ≈ 0.007.
+    assert uniform.min() == 10 and uniform.max() == 20 and abs(uniform.mean() - 15) < 0.05
+    logn = scenario_from_dict(_scenario([{"name": "a", "prompt_tokens": {"dist": "lognormal", "mean": 300, "std": 150}}]))
+    values = draw_lengths(logn.workload.classes[0].prompt_tokens, n, rng, logn)
+    # Sample mean of n lognormal draws: standard error 150/sqrt(n) ≈ 0.34 tokens; 1.5 allows rounding.
+    assert abs(values.mean() - 300) < 1.5 and abs(values.std() - 150) < 3
+    assert np.median(values) < 300  # right-skewed, as prompt lengths are
+    normal = scenario_from_dict(_scenario([{"name": "a", "output_tokens": {"dist": "normal", "mean": 50, "std": 40, "min": 5, "max": 80}}]))
+    clipped = draw_lengths(normal.workload.classes[0].output_tokens, n, rng, normal)
+    assert clipped.min() == 5 and clipped.max() == 80
+
+
+def test_empirical_lengths_come_from_the_file(tmp_path):
+    (tmp_path / "lengths.csv").write_text("n\n7\n9\n")
+    data = _scenario([{"name": "a", "prompt_tokens": {"dist": "empirical", "file": str(tmp_path / "lengths.csv"), "column": "n"}}])
+    s = scenario_from_dict(data)
+    values = draw_lengths(s.workload.classes[0].prompt_tokens, 1000, np.random.default_rng(1), s)
+    assert set(values.tolist()) == {7, 9}
+    data["workload"]["classes"][0]["prompt_tokens"]["column"] = "missing"
+    with pytest.raises(ScenarioError, match="no column 'missing'"):
+        build_plan(scenario_from_dict(data))
+
+
+def test_plan_draws_lengths_per_class_and_is_reproducible():
+    data = _scenario([
+        {"name": "chat", "weight": 3, "prompt_tokens": 100, "output_tokens": {"dist": "uniform", "min": 1, "max": 50}},
+        {"name": "bare"},
+    ])
+    plan = build_plan(scenario_from_dict(data))
+    chat, bare = plan.cls == 0, plan.cls == 1
+    assert (plan.prompt_tokens[chat] == 100).all() and (plan.prompt_tokens[bare] == DEFAULT_PROMPT_TOKENS).all()
+    assert plan.output_tokens[chat].min() >= 1 and plan.output_tokens[chat].max() <= 50 and (plan.output_tokens[bare] == 0).all()
+    again = build_plan(scenario_from_dict(data))
+    assert np.array_equal(plan.output_tokens, again.output_tokens) and np.array_equal(plan.item, again.item)
+
+
+def test_http_classes_carry_no_lengths():
+    plan = build_plan(scenario_from_dict(_scenario([{"name": "a"}], protocol="http")))
+    assert not plan.prompt_tokens.any() and not plan.output_tokens.any()
+
+
+def test_trace_columns_give_each_request_its_lengths():
+    trace = SHARED_DATA / "azure_llm_conv_trace.csv"
+    lengths = {"prompt_column": "ContextTokens", "output_column": "GeneratedTokens"}
+    phases = [{"name": "replay", "duration": 20, "arrival": {"type": "trace", "file": str(trace), "start": 60, "lengths": lengths}}]
+    plan = build_plan(scenario_from_dict(_scenario([{"name": "a", "prompt_tokens": 5}], phases)))
+    import pandas as pd
+
+    frame = pd.read_csv(trace)
+    t = pd.to_datetime(frame["TIMESTAMP"])
+    seconds = (t - t.min()).dt.total_seconds()
+    rows = frame[(seconds >= 60) & (seconds < 80)]
+    assert len(plan) == len(rows) > 0
+    assert plan.prompt_tokens.tolist() == rows["ContextTokens"].tolist()
+    assert plan.output_tokens.tolist() == rows["GeneratedTokens"].tolist()
+    lengths.update(scale=0.125, max_prompt=100)
+    small = build_plan(scenario_from_dict(_scenario([{"name": "a", "prompt_tokens": 5}], phases)))
+    expected = np.minimum(np.maximum(1, np.rint(rows["ContextTokens"].to_numpy() * 0.125)), 100)
+    assert small.prompt_tokens.tolist() == expected.tolist() and small.prompt_tokens.max() == 100
+    assert small.output_tokens.tolist() == np.maximum(1, np.rint(rows["GeneratedTokens"].to_numpy() * 0.125)).tolist()
+
+
+def test_trace_column_typo_is_named():
+    phases = [{"name": "replay", "duration": 5, "arrival": {"type": "trace", "file": str(SHARED_DATA / "azure_llm_conv_trace.csv"),
+               "lengths": {"prompt_column": "Context"}}}]
+    with pytest.raises(ScenarioError, match="no column 'Context'.*ContextTokens"):
+        build_plan(scenario_from_dict(_scenario([{"name": "a"}], phases)))
+
+
+def test_synthetic_prompts_have_the_asked_word_count_and_differ_by_item():
+    payloads = Payloads(scenario_from_dict(_scenario([{"name": "a", "prompt_tokens": 10, "output_tokens": 4}])))
+    one = payloads.get(Request(0, 0, 0, False, prompt_tokens=300, output_tokens=4, item=12345))
+    two = payloads.get(Request(1, 0, 0, False, prompt_tokens=300, output_tokens=4, item=999))
+    assert len(one.prompt.split()) == 300 and one.max_tokens == 4
+    assert set(one.prompt.split()) <= set(VOCABULARY)
+    assert one.prompt != two.prompt
+    longer = payloads.synthetic_prompt(200_000, 5)  # longer than the text it is cut from: wraps around
+    assert len(longer.split()) == 200_000
+
+
+def test_dataset_prompts_text_and_sharegpt(tmp_path):
+    (tmp_path / "p.jsonl").write_text('{"text": "first prompt"}\n{"other": 1}\n{"text": "second prompt"}\n')
+    (tmp_path / "s.json").write_text(json.dumps([
+        {"conversations": [{"from": "system", "value": "be nice"}, {"from": "human", "value": "hello there"}, {"from": "gpt", "value": "hi"}]},
+        {"conversations": []},
+    ]))
+    s = scenario_from_dict(_scenario([
+        {"name": "t", "dataset": {"file": str(tmp_path / "p.jsonl")}},
+        {"name": "g", "dataset": {"file": str(tmp_path / "s.json"), "format": "sharegpt"}},
+    ]))
+    payloads = Payloads(s)
+    assert {payloads.get(Request(0, 0, 0, False, item=i)).prompt for i in range(4)} == {"first prompt", "second prompt"}
+    assert payloads.get(Request(0, 0, 1, False, item=7)).prompt == "hello there"
+
+
+def test_dataset_problems_name_the_file(tmp_path):
+    (tmp_path / "bad.jsonl").write_text('{"text": \n')
+    (tmp_path / "empty.jsonl").write_text('{"prompt": "x"}\n')
+    for name, message in (("bad.jsonl", "not JSON lines"), ("empty.jsonl", "no rows with a text field 'text'"), ("none.jsonl", "not found")):
+        s = scenario_from_dict(_scenario([{"name": "t", "dataset": {"file": str(tmp_path / name)}}]))
+        with pytest.raises(ScenarioError, match=f"{name}.*{message}|{message}"):
+            Payloads(s)
+
+
+def test_tensors_random_within_bounds_or_from_npy(tmp_path):
+    np.save(tmp_path / "x.npy", np.arange(6, dtype=np.int32).reshape(2, 3))
+    s = scenario_from_dict(_scenario([{"name": "k", "tensors": [
+        {"name": "a", "datatype": "FP32", "shape": [4, 384], "low": -1, "high": 1},
+        {"name": "ids", "datatype": "INT64", "shape": [1, 8], "low": 0, "high": 100},
+        {"name": "f", "npy": str(tmp_path / "x.npy")},
+    ]}], protocol="kserve-v2"))
+    tensors = Payloads(s).get(Request(0, 0, 0, False, item=3)).tensors
+    a, ids, f = tensors
+    assert a.array.shape == (4, 384) and a.array.dtype == np.float32 and -1 <= a.array.min() and a.array.max() < 1
+    assert ids.datatype == "INT64" and ids.array.dtype == np.int64 and 0 <= ids.array.min() and ids.array.max() < 100
+    assert f.datatype == "INT32" and f.array.tolist() == [[0, 1, 2], [3, 4, 5]]
