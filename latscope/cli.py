@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import click
+import numpy as np
 from rich.console import Console
 
 from latscope import __version__
@@ -66,17 +67,27 @@ def validate(scenario_file: Path, overrides: tuple[str, ...]) -> None:
     from latscope.plan import build_plan
     from latscope.scenario import load_scenario
 
+    from latscope.workload import Payloads
+
     try:
         scenario = load_scenario(scenario_file, overrides)
         plan = build_plan(scenario)
+        Payloads(scenario)  # datasets and tensor files load
     except ScenarioError as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
-    click.echo(f"{scenario_file}: ok — scenario {scenario.name!r}, target {scenario.target.method} {scenario.target.url}")
+    click.echo(f"{scenario_file}: ok — scenario {scenario.name!r}, target {scenario.target.protocol} {scenario.target.url}")
     for p in plan.phases:
         n = int(((plan.offsets_s >= p.start_s) & (plan.offsets_s < p.start_s + p.duration_s)).sum())
         click.echo(f"  phase {p.name:<16} {p.duration_s:8.1f} s  {n:>9,} requests  {n / p.duration_s if p.duration_s else 0:9.1f}/s"
                    + ("  (warm-up)" if p.warmup else ""))
     click.echo(f"  total            {plan.duration_s:8.1f} s  {len(plan):>9,} requests")
+    for i, name in enumerate(plan.class_names):
+        e, mine = scenario.endpoint(i), plan.cls == i
+        click.echo(f"  class {name:<16} {mine.mean() if len(plan) else 0:8.1%}  {e.protocol} {e.method} {e.url}{e.path}")
+        for label, lengths in (("prompt tokens", plan.prompt_tokens[mine]), ("output tokens", plan.output_tokens[mine])):
+            if lengths.any():
+                p50, p99 = np.percentile(lengths, [50, 99])
+                click.echo(f"        {label}: min {lengths.min()}, p50 {p50:.0f}, p99 {p99:.0f}, max {lengths.max()}")
 
 
 @main.command()

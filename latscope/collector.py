@@ -15,7 +15,7 @@ from hdrh.histogram import HdrHistogram
 from latscope.engine import COUNTERS, ERROR_INDEX
 from latscope.hlog import HlogWriter
 from latscope.plan import Plan
-from latscope.recorder import decode, new_histogram, summarize
+from latscope.recorder import from_sparse, new_histogram, summarize
 
 ALL = "all"
 
@@ -74,8 +74,8 @@ class Collector:
         interval: dict[str, dict[str, HdrHistogram]] = defaultdict(dict)  # warm-up included
         counts: dict[tuple[str, bool], np.ndarray] = defaultdict(lambda: np.zeros(len(COUNTERS), np.int64))
         for report in reports:
-            for (metric, cls, warmup), blob in report["histograms"].items():
-                h = decode(blob)
+            for (metric, cls, warmup), sparse in report["histograms"].items():
+                h = from_sparse(*sparse)
                 _add(interval[metric], cls, h)
                 if not warmup:
                     _add(self.totals[metric], cls, h)

@@ -46,6 +46,7 @@ SIGNIFICANT_FIGURES = 3
 PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.9)
 
 Key = tuple[str, str, bool]  # (metric, class name, warmup)
+Sparse = tuple[np.ndarray, np.ndarray]  # (counts-array indices, their counts)
 
 
 def new_histogram() -> HdrHistogram:
@@ -89,7 +90,7 @@ def _to_int(value) -> int:
 class Recorder:
     """Worker side: one HDR histogram per (metric, class, warmup) for the CURRENT interval only.
 
-    Memory stays flat: snapshot() encodes the interval's histograms and drops them from the
+    Memory stays flat: snapshot() hands the interval's counters out and drops them from the
     recorder (their zeroed counter arrays are kept in a small pool and reused by the next
     interval, which is much cheaper than allocating and zeroing new 184 KiB histograms).
     """
@@ -123,17 +124,30 @@ class Recorder:
         self._counts[key] = h.counts
         return h.counts
 
-    def snapshot(self) -> tuple[dict[Key, str], dict[str, int]]:
-        """({key: V2 base64 blob} for every histogram recorded into since the last snapshot,
-        {metric: clamped count}); the recorder then starts empty."""
-        blobs = {key: encode(h) for key, h in self._hists.items()}
-        clamped = self.clamped
-        for h in self._hists.values():
-            ctypes.memset(h.counts, 0, _COUNTS_BYTES)
+    def snapshot(self) -> tuple[dict[Key, Sparse], dict[str, int]]:
+        """({key: (indices, counts)} — the non-zero counters of every histogram recorded into since
+        the last snapshot, see `from_sparse` — and {metric: clamped count}); the recorder then starts
+        empty. Sparse arrays, not encoded histograms: this runs on the worker's event loop, where
+        encoding (~1 ms a histogram) would delay every response being read; the parent builds them."""
+        out: dict[Key, Sparse] = {}
+        for key, h in self._hists.items():
+            counts = _counts(h)
+            nz = np.flatnonzero(counts)
+            out[key] = (nz.astype(np.int32), counts[nz].copy())
+            counts[nz] = 0
             h.total_count, h.min_value, h.max_value = 0, sys.maxsize, 0
             self._pool.append(h)
+        clamped = self.clamped
         self._hists, self._counts, self.clamped = {}, {}, {}
-        return blobs, clamped
+        return out, clamped
+
+
+def from_sparse(indices: np.ndarray, counts: np.ndarray) -> HdrHistogram:
+    """The histogram whose non-zero counters are `counts` at `indices` (as Recorder.snapshot gives them)."""
+    h = new_histogram()
+    np.add.at(_counts(h), indices, counts)
+    _sync(h)
+    return h
 
 
 def _counts(h: HdrHistogram) -> np.ndarray:
@@ -161,7 +175,7 @@ def encode(h: HdrHistogram) -> str:
 
 
 def decode(blob: str | bytes) -> HdrHistogram:
-    """A histogram from a V2 base64 blob (as written by encode(), Recorder.snapshot() or any HdrHistogram port)."""
+    """A histogram from a V2 base64 blob (as written by encode() or any HdrHistogram port)."""
     return HdrHistogram.decode(blob)
 
 

@@ -36,6 +36,7 @@ from latscope.records import ERROR_KINDS
 from latscope.recorder import summarize
 from latscope import results
 from latscope.scenario import Scenario, redacted_yaml
+from latscope.workload import Payloads
 
 START_DELAY_S = 0.2  # between "all workers ready" and the first intended send
 READY_TIMEOUT_S = 60.0
@@ -97,10 +98,11 @@ def run_scenario(
     start; a run that started always leaves a results directory (partial when cut short)."""
     workers = max(1, workers or os.cpu_count() or 1)
     started_wall = time.time()
+    plan = build_plan(scenario)
+    Payloads(scenario)  # a dataset or tensor file that does not load fails here, not in every worker
     run_dir = results.create_run_dir(scenario.output.dir, scenario.name, started_wall, out)
     results.write_text(run_dir / results.SCENARIO, redacted_yaml(scenario))
     events = results.EventLog(run_dir / results.EVENTS)
-    plan = build_plan(scenario)
     if scenario.output.save_schedule:
         results.write_table(
             run_dir / results.SCHEDULE,

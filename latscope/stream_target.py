@@ -2,19 +2,19 @@
 
     python -m latscope.stream_target --port 0 --ttft-ms 50 --itl-ms 20 --tokens 16
 
-It exists to check latscope's streaming client: every token event carries `"t_ns"`, the server's
-`time.perf_counter_ns()` (CLOCK_MONOTONIC, shared by all processes on the machine) taken right
-before the chunk is handed to the socket, so a client on the same host can compare its arrival
-stamps with the true write times, and it is cheap enough per chunk (raw asyncio.Protocol on uvloop,
-httptools parsing, one pending deadline per stream, no task per token) to hold 1,000+ streams.
+It exists to check latscope's streaming client. Every token event carries `"t_ns"`: the server's
+`time.perf_counter_ns()` (CLOCK_MONOTONIC on Linux, one clock for all processes on the machine)
+taken just before the chunk goes to the socket, so a client on the same host can compare its own
+arrival stamps with the true write times. It is cheap per chunk (a raw asyncio.Protocol on uvloop,
+httptools parsing, one pending deadline per stream, no task per token), to hold 1,000+ streams.
 
-Routes: POST /v1/completions, POST /v1/chat/completions, GET /health, GET /v1/models. The first
-token leaves `ttft_ms` after the request is read, then one every `itl_ms`; a request body may set
-`ttft_ms`, `itl_ms` and `token_gaps_ms` (gap before each token after the first; without
-`max_tokens` it also sets the count to len + 1). Faults, chosen by `model` (streams need >= 2
-tokens): fault-malformed (2nd event is not JSON), fault-truncate (connection closed after 2 tokens),
-fault-no-done (no `data: [DONE]`), fault-error-event (error event after 1 token), fault-500.
-Binds 127.0.0.1 by default; prints `ready http://HOST:PORT` once listening; stops on SIGTERM/SIGINT.
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /health, GET /v1/models. The first token
+leaves `ttft_ms` after the request is read, then one every `itl_ms`; the request body may override
+`ttft_ms` and `itl_ms`, and give `token_gaps_ms` (the gap before each token after the first; without
+`max_tokens` it also sets the count, to len + 1). Faults, by `model`, for streams of >= 2 tokens:
+fault-malformed (2nd event is not JSON), fault-truncate (connection closed after 2 tokens),
+fault-no-done (no `data: [DONE]`), fault-error-event (an error event after 1 token), fault-500.
+Binds 127.0.0.1 by default, prints `ready http://HOST:PORT` once listening, stops on SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
+import gc
 import heapq
 import itertools
 import json
@@ -38,11 +39,11 @@ import httptools
 MAX_BODY_BYTES = 1 << 20
 MAX_HEADER_BYTES = 32 << 10
 MAX_TOKENS = 100_000
-MAX_QUEUED = 8  # pipelined requests waiting behind a stream before we stop reading the socket
+MAX_QUEUED = 8  # pipelined requests waiting behind a response before the socket stops being read
+EARLY_NS = 50_000  # deadlines this close are run together: fewer wakeups, no token more than 50 µs early
 REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 405: b"Method Not Allowed",
            413: b"Payload Too Large", 431: b"Request Header Fields Too Large", 500: b"Internal Server Error"}
-CHUNK_END = b"0\r\n\r\n"
-EARLY_NS = 50_000  # a deadline this close is run now: fewer wakeups, gaps still within 0.05 ms
+DONE, END = b"e\r\ndata: [DONE]\n\n\r\n", b"0\r\n\r\n"  # the [DONE] event and the last chunk, chunk-framed
 
 
 @dataclass(frozen=True)
@@ -58,12 +59,10 @@ class Reject(Exception):
         self.status = status
 
 
-def _chunk(data: bytes) -> bytes:
-    return b"%x\r\n%s\r\n" % (len(data), data)
-
-
 def _sse(obj: Any) -> bytes:
-    return _chunk(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
+    """One SSE event as one chunk of the chunked encoding."""
+    data = b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+    return b"%x\r\n%s\r\n" % (len(data), data)
 
 
 def _error(message: str, kind: str = "invalid_request_error") -> dict[str, Any]:
@@ -75,33 +74,34 @@ def _words(value: Any) -> int:
     if isinstance(value, str):
         return len(value.split())
     if isinstance(value, list):
-        return sum(_words(v) if not isinstance(v, int) else 1 for v in value)
+        return sum(1 if isinstance(v, int) else _words(v) for v in value)
     if isinstance(value, dict):
-        return _words(value.get("content") if "content" in value else value.get("text"))
+        return _words(value["content"] if "content" in value else value.get("text"))
     return 0
 
 
 class Ticker:
-    """Runs callbacks at absolute `perf_counter_ns` times. uvloop's timers tick in whole ms and fire
-    up to 1 ms late, so on Linux one timerfd, armed at the earliest deadline of a heap, drives them
-    (µs precision; CLOCK_MONOTONIC is perf_counter_ns's clock). Elsewhere: `loop.call_at`."""
+    """Runs callbacks at absolute `perf_counter_ns` times. uvloop's timers count whole milliseconds and
+    fire up to 1 ms late, so on Linux one timerfd (CLOCK_MONOTONIC, µs precision), armed at the earliest
+    deadline of a heap, drives them all. Elsewhere it falls back to `loop.call_at`."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop, self.heap, self.seq, self.firing, self.fd = loop, [], itertools.count(), False, -1
         if sys.platform == "linux":
             self.libc = ctypes.CDLL(None, use_errno=True)
-            self.spec = (ctypes.c_long * 4)()  # struct itimerspec: interval (0, 0), then the deadline
+            self.spec = (ctypes.c_long * 4)()  # struct itimerspec: interval 0, then the deadline
             self.fd = self.libc.timerfd_create(time.CLOCK_MONOTONIC, os.O_NONBLOCK | os.O_CLOEXEC)
             if self.fd >= 0:
                 loop.add_reader(self.fd, self._fire)
 
     def at(self, t_ns: int, callback: Callable[[], None]) -> Any:
-        """Run `callback` at `t_ns` (perf_counter_ns clock); returns a handle for `cancel`."""
+        """Run `callback` at `t_ns`; returns a handle for `cancel`."""
         if self.fd < 0:
-            return self.loop.call_at(self.loop.time() + (t_ns - time.perf_counter_ns()) / 1e9, callback)
+            delay = (t_ns - time.perf_counter_ns()) / 1e9 + 0.001  # whole-ms ticks: 1 ms more, never early
+            return self.loop.call_at(self.loop.time() + delay, callback)
         entry = [t_ns, next(self.seq), callback]
         heapq.heappush(self.heap, entry)
-        if not self.firing and self.heap[0] is entry:  # _fire re-arms when it is done
+        if not self.firing and self.heap[0] is entry:  # while firing, _fire re-arms at its end
             self._arm(t_ns)
         return entry
 
@@ -118,7 +118,7 @@ class Ticker:
             os.close(self.fd)
             self.fd = -1
 
-    def _arm(self, t_ns: int) -> None:  # re-arming also clears the fd's readiness; 0 disarms
+    def _arm(self, t_ns: int) -> None:  # re-arming also resets the fd's readiness; 0 disarms
         self.spec[2], self.spec[3] = divmod(t_ns, 1_000_000_000)
         self.libc.timerfd_settime(self.fd, 1, self.spec, None)  # 1: TFD_TIMER_ABSTIME
 
@@ -129,34 +129,31 @@ class Ticker:
             if callback is not None:
                 try:
                     callback()
-                except Exception as exc:  # the timer must be re-armed whatever happens
+                except Exception as exc:  # the timer must be re-armed, whatever happens
                     self.loop.call_exception_handler({"message": "token callback failed", "exception": exc})
         self.firing = False
         self._arm(heap[0][0] if heap else 0)
 
 
 class StreamProtocol(asyncio.Protocol):
-    """One HTTP/1.1 keep-alive connection; serves its requests one after the other."""
+    """One HTTP/1.1 keep-alive connection; answers its requests one after the other."""
 
     def __init__(self, timing: Timing, conns: set[asyncio.Transport], ticker: Ticker) -> None:
         self.timing, self.conns, self.ticker = timing, conns, ticker
         self.parser = httptools.HttpRequestParser(self)
-        self.transport: asyncio.Transport | None = None
+        self.transport: Any = None
         self.queue: deque[tuple[bytes, bytes, bytes, bool]] = deque()
         self.busy = self.draining = self.in_headers = self.eof = False
-        self.head_bytes = 0
         self.handle: Any = None
-        self.url, self.body, self.body_size = b"", [], 0
 
-    # --- connection and parser callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport
         self.conns.add(self.transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.conns.discard(self.transport)
-        Ticker.cancel(self.handle)  # the client went away mid-stream: no timer left behind
-        self.handle, self.transport = None, None
+        Ticker.cancel(self.handle)  # the client left mid-stream: no deadline left behind
+        self.handle = self.transport = None
         self.queue.clear()
 
     def eof_received(self) -> bool:
@@ -168,27 +165,29 @@ class StreamProtocol(asyncio.Protocol):
             return
         try:
             self.parser.feed_data(data)
-            if self.in_headers:
-                self.head_bytes += len(data)
-                if self.head_bytes > MAX_HEADER_BYTES:
+            if self.in_headers:  # a header block still unfinished: bound what the parser holds
+                self.raw_head += len(data)
+                if self.raw_head > 2 * MAX_HEADER_BYTES:
                     raise Reject(431)
-        except Reject as exc:
-            return self._fail(exc.status)
-        except httptools.HttpParserCallbackError as exc:
-            return self._fail(exc.__context__.status if isinstance(exc.__context__, Reject) else 400)
-        except (httptools.HttpParserError, httptools.HttpParserUpgrade):
-            return self._fail(400)
+        except Exception as exc:  # httptools wraps what its callbacks raise
+            reject = exc if isinstance(exc, Reject) else exc.__context__
+            return self._fail(reject.status if isinstance(reject, Reject) else 400)
         if len(self.queue) >= MAX_QUEUED:
             self.transport.pause_reading()
         self._next()
 
+    # httptools callbacks
     def on_message_begin(self) -> None:
-        self.url, self.body, self.body_size, self.in_headers, self.head_bytes = b"", [], 0, True, 0
+        self.url, self.body, self.body_size, self.head_bytes, self.raw_head, self.in_headers = b"", [], 0, 0, 0, True
 
     def on_url(self, url: bytes) -> None:
         self.url += url
+        self.head_bytes += len(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self.head_bytes += len(name) + len(value) + 4
+        if self.head_bytes > MAX_HEADER_BYTES:
+            raise Reject(431)
         if name.lower() == b"content-length" and value.isdigit() and int(value) > MAX_BODY_BYTES:
             raise Reject(413)
 
@@ -202,10 +201,9 @@ class StreamProtocol(asyncio.Protocol):
         self.body.append(body)
 
     def on_message_complete(self) -> None:
-        method = self.parser.get_method()
-        self.queue.append((method, self.url, b"".join(self.body), self.parser.should_keep_alive()))
+        self.queue.append((self.parser.get_method(), self.url, b"".join(self.body), self.parser.should_keep_alive()))
 
-    # --- requests and plain responses
+    # requests and whole responses
     def _next(self) -> None:
         if self.busy or not self.queue or self.transport is None:
             return
@@ -214,53 +212,51 @@ class StreamProtocol(asyncio.Protocol):
         method, url, body, self.keep_alive = self.queue.popleft()
         self.busy, self.t_read = True, time.perf_counter_ns()
         path = url.split(b"?", 1)[0]
-        if path == b"/health":
-            self._respond(200, {"status": "ready"}) if method == b"GET" else self._respond(405, _error("use GET"))
-        elif path == b"/v1/models":
-            self._respond(200, {"object": "list", "data": [{"id": "latscope-stream", "object": "model",
-                                                              "created": 0, "owned_by": "latscope"}]})
-        elif path in (b"/v1/completions", b"/v1/chat/completions"):
-            if method != b"POST":
-                return self._respond(405, _error("use POST"))
+        if path in (b"/health", b"/v1/models") and method == b"GET":
+            self._respond(200, {"status": "ready"} if path == b"/health" else {"object": "list", "data": [
+                {"id": "latscope-stream", "object": "model", "created": 0, "owned_by": "latscope"}]})
+        elif path in (b"/v1/completions", b"/v1/chat/completions") and method == b"POST":
             self._start(body, chat=path == b"/v1/chat/completions")
+        elif path in (b"/health", b"/v1/models", b"/v1/completions", b"/v1/chat/completions"):
+            self._respond(405, _error(f"method {method.decode('latin-1')} not allowed"))
         else:
             self._respond(404, _error(f"no route {path.decode('latin-1')}", "not_found_error"))
 
     def _head(self, status: int, ctype: bytes, framing: bytes) -> bytes:
-        compute_ms = (time.perf_counter_ns() - self.t_read) / 1e6
         return (b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s\r\nServer-Timing: queue;dur=0.000, compute;dur=%.3f\r\n"
-                b"X-Replica-Id: stream-%d\r\n%s\r\n") % (status, REASONS[status], ctype, framing, compute_ms,
-                                                        os.getpid(), b"" if self.keep_alive else b"Connection: close\r\n")
+                b"X-Replica-Id: stream-%d\r\n%s\r\n") % (
+            status, REASONS[status], ctype, framing, (time.perf_counter_ns() - self.t_read) / 1e6, os.getpid(),
+            b"" if self.keep_alive else b"Connection: close\r\n")
 
-    def _respond(self, status: int, obj: Any) -> None:
+    def _respond(self, status: int, obj: Any, done: bool = True) -> None:
         data = json.dumps(obj, separators=(",", ":")).encode()
         self.transport.write(self._head(status, b"application/json", b"Content-Length: %d" % len(data)) + data)
-        self._done()
+        if done:
+            self._done()
 
     def _done(self) -> None:
         self.busy, self.handle = False, None
         if self.transport is not None and (not self.keep_alive or (self.eof and not self.queue)):
             self.transport.close()
-        else:
-            self._next()
+        elif self.queue:
+            asyncio.get_running_loop().call_soon(self._next)  # not recursion: a pipeline may be long
 
     def _fail(self, status: int) -> None:
-        """Answer a bad request, then half-close and discard input, so the client reads the answer."""
+        """Answer a bad request, then half-close and discard the input, so the client reads the answer."""
         Ticker.cancel(self.handle)
         self.queue.clear()
         self.draining, self.keep_alive, self.t_read = True, False, time.perf_counter_ns()
-        data = json.dumps(_error(f"{status} {REASONS[status].decode()}")).encode()
-        self.transport.write(self._head(status, b"application/json", b"Content-Length: %d" % len(data)) + data)
+        self._respond(status, _error(f"{status} {REASONS[status].decode()}"), done=False)
         if self.transport.can_write_eof():
             self.transport.write_eof()
         asyncio.get_running_loop().call_later(5.0, self.transport.close)
 
-    # --- completions
+    # completions
     def _start(self, raw: bytes, chat: bool) -> None:
         try:
             req = json.loads(raw)
             if not isinstance(req, dict):
-                raise ValueError("body must be a JSON object")
+                raise ValueError("the body must be a JSON object")
             gaps = [float(g) for g in req.get("token_gaps_ms") or []]
             given = [req.get(k) for k in (("max_completion_tokens", "max_tokens") if chat else ("max_tokens",))]
             count = next((v for v in given if v is not None), len(gaps) + 1 if gaps else self.timing.tokens)
@@ -268,59 +264,58 @@ class StreamProtocol(asyncio.Protocol):
                 raise ValueError(f"max_tokens must be an integer in 1..{MAX_TOKENS}")
             ttft, itl = float(req.get("ttft_ms", self.timing.ttft_ms)), float(req.get("itl_ms", self.timing.itl_ms))
             if not all(0 <= t < 3.6e6 for t in (ttft, itl, *gaps)):
-                raise ValueError("ttft_ms, itl_ms and token_gaps_ms must be in [0, 1 h)")
+                raise ValueError("ttft_ms, itl_ms and token_gaps_ms must be in [0, 3600000)")
             self.prompt_tokens = _words(req.get("messages") if chat else req.get("prompt"))
             self.stream = bool(req.get("stream"))
-            self.usage = bool((req.get("stream_options") or {}).get("include_usage")) if self.stream else True
+            self.usage = not self.stream or bool((req.get("stream_options") or {}).get("include_usage"))
         except (ValueError, TypeError, AttributeError, RecursionError) as exc:
             return self._respond(400, _error(str(exc)))
         self.model, self.count, self.i, self.chat = str(req.get("model", "latscope-stream")), count, 0, chat
         if self.model == "fault-500":
             return self._respond(500, _error("injected fault", "server_error"))
-        self.gaps = [round(g * 1e6) for g in gaps[:count - 1]] + [round(itl * 1e6)] * max(0, count - 1 - len(gaps))
+        gaps = gaps[:count - 1] + [itl] * (count - 1 - len(gaps))  # the gap before tokens 1 .. count-1
+        self.gaps = [round(g * 1e6) for g in gaps]
         self.due = self.t_read + round(ttft * 1e6)
         self.meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{os.getpid()}-{self.t_read}",
                      "object": "chat.completion.chunk" if chat else "text_completion",
                      "created": int(time.time()), "model": self.model}
-        prefix = json.dumps(self.meta, separators=(",", ":"))[:-1].encode()
-        self.token_head = prefix + (b',"choices":[{"index":0,"delta":{"content":" tok' if chat
-                                    else b',"choices":[{"index":0,"text":" tok')
-        self.token_mid = b'"},"finish_reason":' if chat else b'","finish_reason":'
-        if self.stream:
-            head = self._head(200, b"text/event-stream", b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked")
-            if chat:  # like vLLM: the role chunk leaves as soon as the request is read
-                head += _sse({**self.meta, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                        "logprobs": None, "finish_reason": None}]})
-            self.transport.write(head)
-            self.handle = self.ticker.at(self.due, self._emit)
-        else:
+        if not self.stream:
             self.handle = self.ticker.at(self.due + sum(self.gaps), self._whole)
+            return
+        # Each token event is these bytes around its index, finish_reason and t_ns: no json.dumps per token.
+        self.before = json.dumps(self.meta, separators=(",", ":"))[:-1].encode() + (
+            b',"choices":[{"index":0,"delta":{"content":" tok' if chat else b',"choices":[{"index":0,"text":" tok')
+        self.after = b'"},"finish_reason":' if chat else b'","finish_reason":'
+        head = self._head(200, b"text/event-stream", b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked")
+        if chat:  # as vLLM does: the role chunk leaves as soon as the request is read
+            head += _sse({**self.meta, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                    "logprobs": None, "finish_reason": None}]})
+        self.transport.write(head)
+        self.handle = self.ticker.at(self.due, self._emit)
 
     def _emit(self) -> None:
-        """Write token `self.i` as one SSE event in one chunk; schedule the next one."""
-        if self.transport is None or self.transport.is_closing():
+        """Write token `self.i` as one SSE event in one chunk, then schedule the next one."""
+        i, last, fault, transport = self.i, self.i == self.count - 1, self.model, self.transport
+        if transport is None or transport.is_closing():
             return
-        i, last, fault = self.i, self.i == self.count - 1, self.model
         if fault == "fault-error-event" and i == 1:
-            self.transport.write(_sse({"error": {"message": "boom <script>", "type": "server_error"}})
-                                 + _chunk(b"data: [DONE]\n\n") + CHUNK_END)
+            transport.write(_sse({"error": {"message": "boom <script>", "type": "server_error"}}) + DONE + END)
             return self._done()
-        finish = b'"length"' if last else b"null"
+        truncate = fault == "fault-truncate" and (i == 1 or last)
+        tail = b""
+        if last and not truncate:
+            tail = _sse({**self.meta, "choices": [], "usage": self._usage()}) if self.usage else b""
+            tail += END if fault == "fault-no-done" else DONE + END
         t_ns = time.perf_counter_ns()
         if fault == "fault-malformed" and i == 1:
-            out = _chunk(b"data: {not json\n\n")
+            event = b"data: {not json\n\n"
         else:
-            out = _chunk(b'data: %s%d%s%s}],"t_ns":%d}\n\n' % (self.token_head, i, self.token_mid, finish, t_ns))
-        if fault == "fault-truncate" and (i == 1 or last):
-            self.transport.write(out)
-            self.keep_alive = False
-            return self._done()  # closes mid-body: no terminating chunk, no [DONE]
-        if last:
-            if self.usage:
-                out += _sse({**self.meta, "choices": [], "usage": self._usage()})
-            out += (b"" if fault == "fault-no-done" else _chunk(b"data: [DONE]\n\n")) + CHUNK_END
-        self.transport.write(out)
-        if last:
+            event = b'data: %s%d%s%s}],"t_ns":%d}\n\n' % (self.before, i, self.after,
+                                                         b'"length"' if last else b"null", t_ns)
+        transport.write(b"%x\r\n%s\r\n%s" % (len(event), event, tail))
+        if truncate:
+            self.keep_alive = False  # _done closes mid-body: no last chunk, no [DONE]
+        if last or truncate:
             return self._done()
         self.due += self.gaps[i]
         self.i = i + 1
@@ -347,6 +342,7 @@ async def serve(host: str = "127.0.0.1", port: int = 0, timing: Timing = Timing(
     conns: set[asyncio.Transport] = set()
     ticker = Ticker(loop)
     server = await loop.create_server(lambda: StreamProtocol(timing, conns, ticker), host, port, backlog=4096)
+    gc.freeze()  # what exists now is never garbage: keep it out of the collector's pauses
     print(f"ready http://{host}:{server.sockets[0].getsockname()[1]}", flush=True)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -369,8 +365,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         import uvloop
-        runner = uvloop.run
-    except ImportError:  # Windows: no uvloop; the timings are then coarser
+        runner: Any = uvloop.run
+    except ImportError:  # no uvloop (Windows): asyncio's own loop
         runner = asyncio.run
     runner(serve(args.host, args.port, Timing(args.ttft_ms, args.itl_ms, args.tokens)))
 

@@ -1,0 +1,327 @@
+"""OpenAI-compatible text generation: /v1/chat/completions and /v1/completions, SSE streaming or not.
+
+Works with any server that speaks the OpenAI wire format (vLLM, TGI, SGLang, llama.cpp, Ollama, the
+reference server, OpenAI itself). Per request the client builds the JSON body from the class's
+endpoint and the request's payload (timed: `encode`), posts it on the shared keep-alive pool
+(http.py) and, for a stream, parses the Server-Sent Events *as the body pieces arrive*, inside the
+connection's read callback:
+
+- every chunk that carries generated text (`choices[0].text`, or `choices[0].delta.content` /
+  `reasoning_content` / `reasoning` / `tool_calls` for chat) is a token event stamped with the
+  `perf_counter_ns` of the socket read it came in — the engine turns these into ttft / itl / tpot;
+  a role-only first chunk (`delta: {role, content: ""}`) is not a token;
+- a chunk with `usage` gives the output (and prompt) token counts; without one the token chunks are
+  counted (`tokens_from_usage` False);
+- `data: [DONE]` ends the stream; the CPU time spent parsing events is `decode`.
+
+Everything a stream can get wrong is a `protocol` error whose reason names it (status stays as
+received): a non-SSE content type, an event that is not JSON, an error event (with the server's
+message), a connection lost after the response started ("stream truncated after N tokens"), a stream
+that ends without `[DONE]`, a stream without a single token. HTTP >= 400 is http_4xx / http_5xx with
+the OpenAI error message from the body when it has one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from latscope.protocols.http import Failure, HttpPool, Response, http_error, request_head, with_server_headers
+from latscope.protocols.sse import SseParser
+from latscope.records import Outcome, Request
+from latscope.scenario import Endpoint, Scenario
+
+_loads = json.loads
+_scan = json.JSONDecoder().scan_once  # json.loads minus its two whitespace regex matches: ~1/3 faster
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_pc = time.perf_counter_ns
+MAX_REASON = 200  # characters of a server's message kept in a reason
+MAX_ERROR_BODY = 1 << 20  # bytes of a non-event body kept to find an error message in
+_CONTENT_LENGTH_0 = b"Content-Length: 0\r\n\r\n"
+
+
+def _tokens(n: int) -> str:
+    return "1 token" if n == 1 else f"{n} tokens"
+
+
+def _parse_json(data: bytes) -> Any:
+    """The JSON value of an event's data; ValueError (or RecursionError) when it is not JSON."""
+    text = data.decode()
+    try:
+        value, end = _scan(text, 0)
+        if end == len(text):
+            return value
+    except (StopIteration, ValueError):
+        pass
+    return _loads(text)  # surrounding whitespace, or an error: the standard path says which
+
+
+def _clip(text: Any, limit: int = MAX_REASON) -> str:
+    if isinstance(text, (bytes, bytearray)):
+        text = bytes(text[: limit * 4]).decode("utf-8", "replace")
+    elif not isinstance(text, str):
+        text = json.dumps(text, ensure_ascii=False)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _error_message(error: Any) -> str:
+    """The message of an OpenAI error object (`{"message": ...}`), a bare string, or the object itself."""
+    if isinstance(error, dict):
+        message = error.get("message")
+        if message:
+            return _clip(message)
+    return _clip(error)
+
+
+class _Stream:
+    """The body sink of one streamed request: SSE parsed as it arrives, tokens stamped with read times."""
+
+    __slots__ = ("parser", "token_ns", "done", "error", "usage", "decode_ns", "raw", "raw_len", "events")
+
+    def __init__(self) -> None:
+        self.parser = SseParser()
+        self.token_ns: list[int] = []
+        self.done = False  # `data: [DONE]` seen
+        self.error: str | None = None  # first problem found in the stream (a protocol error's reason)
+        self.usage: dict | None = None
+        self.decode_ns = 0
+        self.raw: list[bytes] | None = []  # the body, kept until the first event (an error body has none)
+        self.raw_len = 0
+        self.events = 0
+
+    def __call__(self, piece: bytes, read_ns: int) -> None:
+        started = _pc()
+        raw = self.raw
+        if raw is not None and self.raw_len < MAX_ERROR_BODY:
+            raw.append(piece)
+            self.raw_len += len(piece)
+        if self.error is None and not self.done:
+            events = self.parser.feed(piece)
+            if events:
+                self.raw = None
+                self._events(events, read_ns)
+        self.decode_ns += _pc() - started
+
+    def finish(self, end_ns: int) -> None:
+        """The body ended (its last byte read at `end_ns`): take an unterminated last event too."""
+        if self.error is None and not self.done:
+            started = _pc()
+            events = self.parser.finish()
+            if events:
+                self.raw = None
+                self._events(events, end_ns)
+            self.decode_ns += _pc() - started
+
+    def _events(self, events: list[tuple[bytes, bytes]], read_ns: int) -> None:
+        for kind, data in events:
+            self.events += 1
+            if data == b"[DONE]":
+                self.done = True
+                return
+            try:
+                chunk = _parse_json(data)
+            except (ValueError, RecursionError):
+                if data.strip() == b"[DONE]":
+                    self.done = True
+                    return
+                self.error = f"malformed SSE event after {_tokens(len(self.token_ns))} (not JSON): {_clip(data)}"
+                return
+            if type(chunk) is not dict:
+                self.error = (f"malformed SSE event after {_tokens(len(self.token_ns))} (not a JSON object): "
+                              f"{_clip(data)}")
+                return
+            error = chunk.get("error")
+            if error or kind == b"error":
+                self.error = f"error event after {_tokens(len(self.token_ns))}: {_error_message(error or chunk)}"
+                return
+            choices = chunk.get("choices")
+            if choices and type(choices) is list:
+                choice = choices[0]
+                if type(choice) is dict:
+                    text = choice.get("text")
+                    if not text:
+                        delta = choice.get("delta")
+                        if type(delta) is dict:
+                            text = (delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+                                    or delta.get("tool_calls"))
+                    if text:
+                        self.token_ns.append(read_ns)
+            usage = chunk.get("usage")
+            if usage and type(usage) is dict:
+                self.usage = usage
+
+    def body(self) -> bytes:
+        return b"".join(self.raw) if self.raw else b""
+
+
+def _usage_into(outcome: Outcome, usage: Any) -> bool:
+    """Token counts from an OpenAI `usage` object; False when it has no completion count."""
+    if type(usage) is not dict:
+        return False
+    prompt = usage.get("prompt_tokens")
+    if type(prompt) is int and prompt >= 0:
+        outcome.prompt_tokens = prompt
+    completion = usage.get("completion_tokens")
+    if type(completion) is int and completion >= 0:
+        outcome.output_tokens, outcome.tokens_from_usage = completion, True
+        return True
+    return False
+
+
+def _http_failure(outcome: Outcome, response: Response, body: bytes) -> Outcome:
+    """http_4xx / http_5xx, with the OpenAI error message (or the start of the body) in the reason."""
+    http_error(outcome, response)
+    if body:
+        try:
+            doc = _loads(body)
+            detail = _error_message(doc.get("error") or doc) if isinstance(doc, dict) else _clip(doc)
+        except (ValueError, RecursionError):
+            detail = _clip(body)
+        if detail:
+            outcome.reason = f"{outcome.reason}: {detail}"
+    return outcome
+
+
+@dataclass(frozen=True, slots=True)
+class _ClassRequest:
+    """What every request of one workload class shares."""
+
+    chat: bool
+    stream: bool
+    model: str | None
+    rest: dict[str, Any]  # the body's fields after the prompt and max_tokens: stream, options, extra_body
+    head: bytes | None  # request line and headers without Content-Length (None: built per request)
+    endpoint: Endpoint
+
+
+def _class_request(endpoint: Endpoint) -> _ClassRequest:
+    options = endpoint.openai
+    rest: dict[str, Any] = {"stream": options.stream}
+    if options.stream and options.include_usage:
+        rest["stream_options"] = {"include_usage": True}
+    rest.update(options.extra_body)
+    stream = bool(rest.get("stream"))
+    head = request_head(endpoint, 0, "application/json")
+    head = head[: -len(_CONTENT_LENGTH_0)] if head.endswith(_CONTENT_LENGTH_0) else None
+    return _ClassRequest(options.api == "chat", stream, endpoint.model, rest, head, endpoint)
+
+
+class OpenAIClient:
+    """OpenAI-compatible requests for some workload classes of one (protocol, URL)."""
+
+    def __init__(self, scenario: Scenario, classes: list[int], max_connections: int, payloads) -> None:
+        self._pool = HttpPool(scenario.endpoint(classes[0]).url, scenario.target.timeout)
+        self._payloads = payloads
+        self._classes = {c: _class_request(scenario.endpoint(c)) for c in classes}
+
+    async def open(self) -> None:
+        await self._pool.open()
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    def _encode(self, cls: _ClassRequest, request: Request) -> tuple[bytes, int]:
+        payload = self._payloads.get(request)
+        prompt = payload.prompt if payload.prompt is not None else ""
+        doc: dict[str, Any] = {"model": cls.model} if cls.model is not None else {}
+        if cls.chat:
+            doc["messages"] = [{"role": "user", "content": prompt}]
+        else:
+            doc["prompt"] = prompt
+        if payload.max_tokens:
+            doc["max_tokens"] = payload.max_tokens
+        doc.update(cls.rest)
+        body = _dumps(doc).encode()
+        if cls.head is not None:
+            head = cls.head + b"Content-Length: %d\r\n\r\n" % len(body)
+        else:
+            head = request_head(cls.endpoint, len(body), "application/json")
+        return head + body, len(body)
+
+    async def send(self, request: Request) -> Outcome:
+        """One request; `sent_ns` is stamped before the body is built (encode is service time, as
+        is a connect). Never raises for a failed request: the Outcome says what went wrong."""
+        cls = self._classes[request.cls]
+        sent = _pc()
+        data, body_len = self._encode(cls, request)
+        encode_ns = _pc() - sent
+        stream = _Stream() if cls.stream else None
+        try:
+            response = await self._pool.request(data, keep_body=stream is None, sink=stream)
+        except Failure as failure:
+            outcome = Outcome(sent, _pc(), error=failure.kind, reason=failure.reason, bytes_out=body_len,
+                              encode_ns=encode_ns)
+            if stream is not None:
+                outcome.token_ns, outcome.decode_ns = stream.token_ns, stream.decode_ns
+                tokens = len(stream.token_ns)
+                if failure.kind == "connect" and (stream.events or stream.raw_len):  # the response had started
+                    outcome.error = "protocol"
+                    outcome.reason = f"stream truncated after {_tokens(tokens)}: {failure.reason}"
+                elif failure.kind == "timeout" and (stream.events or stream.raw_len):
+                    outcome.reason = f"{failure.reason} (stream cut after {_tokens(tokens)})"
+            return outcome
+        outcome = Outcome(sent, response.end_ns, status=response.status, bytes_out=body_len,
+                          bytes_in=response.body_len, encode_ns=encode_ns)
+        with_server_headers(outcome, response)
+        if stream is None:
+            return self._whole(outcome, response)
+        return self._streamed(outcome, response, stream)
+
+    @staticmethod
+    def _streamed(outcome: Outcome, response: Response, stream: _Stream) -> Outcome:
+        if response.status >= 400:
+            outcome.decode_ns = stream.decode_ns
+            return _http_failure(outcome, response, stream.body())
+        stream.finish(response.end_ns)
+        outcome.token_ns, outcome.decode_ns = stream.token_ns, stream.decode_ns
+        tokens = len(stream.token_ns)
+        content_type = response.headers.get("content-type", "")
+        if content_type and not content_type.lower().startswith("text/event-stream"):
+            detail = ""
+            if stream.raw:  # e.g. a JSON answer that ignored "stream": true, or a JSON error with 200
+                try:
+                    doc = _loads(stream.body())
+                    if isinstance(doc, dict) and doc.get("error"):
+                        detail = f": {_error_message(doc['error'])}"
+                except (ValueError, RecursionError):
+                    pass
+            outcome.error = "protocol"
+            outcome.reason = (f"stream asked for, got Content-Type {_clip(content_type, 80)} instead of "
+                              f"text/event-stream{detail}")
+        elif stream.error is not None:
+            outcome.error, outcome.reason = "protocol", stream.error
+        elif not stream.done:
+            outcome.error = "protocol"
+            outcome.reason = f"stream ended without data: [DONE] after {_tokens(tokens)}"
+            if not stream.events and stream.raw:  # no event at all: say what the body was
+                outcome.reason += f"; the body: {_clip(stream.body())}"
+        elif not tokens:
+            outcome.error, outcome.reason = "protocol", "stream carried no tokens (no chunk with generated text)"
+        if not _usage_into(outcome, stream.usage):
+            outcome.output_tokens = tokens
+        return outcome
+
+    @staticmethod
+    def _whole(outcome: Outcome, response: Response) -> Outcome:
+        body = response.body or b""
+        if response.status >= 400:
+            return _http_failure(outcome, response, body)
+        started = _pc()
+        try:
+            doc = _loads(body)
+        except (ValueError, RecursionError):
+            doc = None
+        outcome.decode_ns = _pc() - started
+        if type(doc) is not dict:
+            outcome.error, outcome.reason = "protocol", f"response is not a JSON object: {_clip(body)}"
+        elif doc.get("error"):
+            outcome.error = "protocol"
+            outcome.reason = f"error in a {response.status} response: {_error_message(doc['error'])}"
+        elif not doc.get("choices") or type(doc["choices"]) is not list:
+            outcome.error, outcome.reason = "protocol", f"response has no choices: {_clip(body)}"
+        else:
+            _usage_into(outcome, doc.get("usage"))
+        return outcome
