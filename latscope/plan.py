@@ -122,6 +122,12 @@ def build_plan(scenario: Scenario) -> Plan:
     weights = np.array([c.weight for c in classes], dtype=float)
     class_rng = np.random.default_rng(seeds[len(scenario.phases)])
     cls = class_rng.choice(len(classes), size=n, p=weights / weights.sum()).astype(np.int16)
+    names = [c.name for c in classes]
+    for i, p in enumerate(scenario.phases):  # a phase limited to some classes draws among those only
+        if p.classes is not None:
+            allowed = np.array([names.index(name) for name in dict.fromkeys(p.classes)])
+            mine = np.flatnonzero(phase == i)
+            cls[mine] = class_rng.choice(allowed, size=len(mine), p=weights[allowed] / weights[allowed].sum())
 
     rng = np.random.default_rng(seeds[len(scenario.phases) + 1])
     prompt_tokens, output_tokens = np.zeros(n, np.int32), np.zeros(n, np.int32)

@@ -412,6 +412,7 @@ class Phase(_Model):
     duration: PositiveDuration | None = None  # required, except for a trace (then it truncates)
     warmup: bool = False  # sent, but excluded from the statistics
     arrival: Arrival
+    classes: list[str] | None = Field(None, min_length=1)  # only these workload classes (default: all, by weight)
 
     @model_validator(mode="after")
     def _duration_required(self) -> Phase:
@@ -721,6 +722,15 @@ class Scenario(_Model):
     def _unique_phase_names(cls, phases: list[Phase]) -> list[Phase]:
         _check_unique([p.name for p in phases], "phase")
         return phases
+
+    @model_validator(mode="after")
+    def _phase_classes_exist(self) -> Scenario:
+        known = [c.name for c in self.workload.effective_classes()]
+        for i, phase in enumerate(self.phases):
+            for j, name in enumerate(phase.classes or ()):
+                if name not in known:
+                    raise _ProblemAt(("phases", i, "classes", j), f"{name!r} is not a workload class (known: {', '.join(known)})")
+        return self
 
     @field_validator("slos")
     @classmethod

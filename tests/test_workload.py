@@ -146,3 +146,16 @@ def test_tensors_random_within_bounds_or_from_npy(tmp_path):
     assert a.array.shape == (4, 384) and a.array.dtype == np.float32 and -1 <= a.array.min() and a.array.max() < 1
     assert ids.datatype == "INT64" and ids.array.dtype == np.int64 and 0 <= ids.array.min() and ids.array.max() < 100
     assert f.datatype == "INT32" and f.array.tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_a_phase_can_send_only_some_classes():
+    phases = [{"name": "both", "duration": 10, "arrival": {"type": "constant", "rate": 100}},
+              {"name": "only-b", "duration": 10, "arrival": {"type": "constant", "rate": 100}, "classes": ["b"]}]
+    plan = build_plan(scenario_from_dict(_scenario([{"name": "a", "weight": 9}, {"name": "b"}], phases)))
+    first, second = plan.cls[plan.phase == 0], plan.cls[plan.phase == 1]
+    assert (second == 1).all() and len(second) == 1000
+    # 1,000 draws with P(b) = 0.1: 100 expected, standard deviation ≈ 9.5
+    assert 60 < (first == 1).sum() < 140
+    with pytest.raises(ScenarioError, match=r"phases\[1\].classes\[0\]: 'c' is not a workload class"):
+        phases[1]["classes"] = ["c"]
+        scenario_from_dict(_scenario([{"name": "a"}, {"name": "b"}], phases))
