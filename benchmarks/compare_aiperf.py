@@ -98,7 +98,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=300, help="measured requests per run")
     parser.add_argument("--rate", type=float, default=3.0)
     parser.add_argument("--tool-venv", type=Path, default=Path("/tmp/venv-aiperf"))
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out")
     parser.add_argument("--no-results-md", action="store_true")
     args = parser.parse_args()
     port = free_port()
@@ -120,6 +120,8 @@ def main() -> None:
                                            "--out", str(work / f"aiperf-{i}"), "--tool-venv", str(args.tool_venv)])
                 records.append(work / f"aiperf-{i}" / "aiperf" / "profile_export.jsonl")
             report["latscope"], report["aiperf"] = latscope_percentiles(runs), aiperf_percentiles(records)
+            report["rounds_detail"] = [{"latscope": latscope_percentiles([run]), "aiperf": aiperf_percentiles([record])}
+                                       for run, record in zip(runs, records)]
             report["aiperf_version"] = run_independent_tool.tool_version(args.tool_venv / "bin" / "python")
         finally:
             server.terminate()
@@ -136,6 +138,11 @@ def main() -> None:
             + markdown_table(["metric", "latscope ms", "aiperf ms", "difference"], rows)
             + f"\n\nSend lag p50/p99: latscope {fmt(report['latscope']['send_lag']['p50'], 3)} / {fmt(report['latscope']['send_lag']['p99'], 3)} ms, "
               f"aiperf {fmt(report['aiperf'].get('send_lag_ms', {}).get('p50'))} / {fmt(report['aiperf'].get('send_lag_ms', {}).get('p99'))} ms.\n")
+    spread = "; ".join(
+        f"{ours} p99 per round: latscope " + " / ".join(fmt(r["latscope"][ours]["p99"]) for r in report["rounds_detail"])
+        + ", aiperf " + " / ".join(fmt(r["aiperf"][theirs]["p99"]) for r in report["rounds_detail"])
+        for ours, theirs in PAIRS)
+    text += f"\nRound to round (how much p99 moves between runs of one tool): {spread} ms.\n"
     print(text)
     write_report_json(report, args.out, "compare_aiperf")
     if not args.no_results_md:

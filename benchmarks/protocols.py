@@ -10,23 +10,28 @@
    `deser`/`ser` (Server-Timing) and the round trip.
 2. **OpenAI streaming.** latscope's client against `latscope.stream_target` (tokens at known times):
    `encode` per request, and SSE parsing per token = `decode` (all the events of one response) / tokens.
-3. **Concurrent streams.** One worker holding N streams at once (each 40 tokens, 50 ms apart, so about
-   2 s long; requests arrive evenly at N/2 s⁻¹ for 14 s), N = 250 … 2,000. ITL measurement error is
-   max(p99 − 50 ms, 50 ms − p1) of every gap the client measured: it includes the server's own timer
-   jitter, so it is an upper bound on the client's error. The target: ≥ 1,000 streams at ≤ 1 ms.
+3. **Concurrent streams.** One worker holding N streams at once (each 40 tokens, 50 or 100 ms apart;
+   requests arrive evenly so that N are in flight after one stream's length, then for 12 s more), through latscope's real
+   Engine and OpenAI client run in this process as a worker runs them, with one spy: each token's
+   read time is paired with the `t_ns` the stream target stamped in the chunk right before writing
+   it (same monotonic clock), so the ITL measurement error of every gap is exact:
+   |gap latscope measured − gap between the server's writes|. The target: ≥ 1,000 streams at ≤ 1 ms.
    The server (one process, timerfd-driven) gets one core and latscope the other where there are two.
 
-Writes benchmarks/results/protocols.json and its section of benchmarks/RESULTS.md.
+Writes benchmarks/out/protocols-<time>.json and its section of benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import itertools
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,15 +41,26 @@ sys.path.insert(0, str(REPO))
 from common import (  # noqa: E402
     fmt, free_port, machine_facts, machine_line, markdown_table, update_results_md, wait_until_up, write_report_json,
 )
-from latscope.hlog import read_hlog  # noqa: E402
-from latscope.recorder import merge, values_at  # noqa: E402
+import numpy as np  # noqa: E402
+import uvloop  # noqa: E402
+
+from latscope.engine import Engine  # noqa: E402
+from latscope.plan import build_plan  # noqa: E402
+from latscope.protocols import make_client  # noqa: E402
+from latscope.protocols import openai as openai_protocol  # noqa: E402
 from latscope.run import run_scenario  # noqa: E402
 from latscope.scenario import load_scenario, scenario_from_dict  # noqa: E402
 
 SECTION_TITLE = "## protocols (benchmarks/protocols.py)"
 PACKAGES = ("latscope", "httptools", "uvloop", "grpcio", "protobuf", "numpy")
-ITL_MS = 50.0
 TOKENS = 40
+SWEEP = {50.0: (250, 500, 750, 1000, 1500), 100.0: (500, 1000, 1500, 2000)}  # ITL ms -> numbers of streams
+QUICK_SWEEP = {50.0: (250, 1000), 100.0: (1000,)}
+
+
+def fill_s(itl_ms: float) -> float:
+    """One stream's length (ttft 50 ms, then 39 gaps): N streams are in flight after it."""
+    return (TOKENS - 1) * itl_ms / 1000 + 0.05
 
 
 def pin(cpu: int | None) -> None:
@@ -111,31 +127,92 @@ def serialization(quick: bool, work: Path, server_cpu: int | None) -> list[dict]
 # -- 2. and 3. OpenAI streaming ---------------------------------------------------------------
 
 
-def stream_scenario(url: str, streams: int, seconds: float, out: Path) -> dict:
-    length_s = (TOKENS - 1) * ITL_MS / 1000 + 0.05  # ttft 50 ms, then 39 gaps
-    rate = streams / length_s
+def stream_scenario(url: str, streams: int, seconds: float, out: Path, itl_ms: float = 50.0) -> dict:
+    rate = streams / fill_s(itl_ms)
     return {
         "name": f"streams-{streams}",
         "seed": 1,
         "target": {"url": url, "protocol": "openai", "model": "bench", "timeout": 30,
                    "openai": {"api": "completions", "stream": True, "include_usage": True,
-                              "extra_body": {"ttft_ms": 50, "itl_ms": ITL_MS}}},
+                              "extra_body": {"ttft_ms": 50, "itl_ms": itl_ms}}},
         "workload": {"classes": [{"name": "stream", "prompt_tokens": 64, "output_tokens": TOKENS}]},
-        "phases": [{"name": "fill", "duration": length_s, "warmup": True, "arrival": {"type": "constant", "rate": rate}},
+        "phases": [{"name": "fill", "duration": fill_s(itl_ms), "warmup": True, "arrival": {"type": "constant", "rate": rate}},
                    {"name": "hold", "duration": seconds, "arrival": {"type": "constant", "rate": rate}}],
         "limits": {"max_in_flight": streams * 2, "timer": "coarse"},
         "output": {"dir": str(out)},
     }
 
 
-def itl_error_ms(run_dir: Path) -> tuple[float, float, float]:
-    """(p1, p99, error) of every gap measured once the streams are all running, in ms (the interval
-    log keeps the warm-up "fill" phase too: its intervals, and the next 2 s, are left out)."""
-    fill_s = (TOKENS - 1) * ITL_MS / 1000 + 0.05
-    h = merge(h for tag, start, _, h in read_hlog(run_dir / "histograms.hlog") if tag == "itl/all" and start >= fill_s + 2)
-    p = values_at(h, [1.0, 99.0])
-    low, high = p[1.0] / 1000, p[99.0] / 1000
-    return low, high, max(high - ITL_MS, ITL_MS - low)
+class _SpyStream(openai_protocol._Stream):
+    """latscope's SSE sink, also pairing each token's read time with the `t_ns` the stream target
+    wrote into that chunk (a bytes search, no second JSON parse), for one stream in SAMPLE_EVERY so
+    the spy's own cost stays small."""
+
+    __slots__ = ("pairs",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pairs: list[tuple[int, int]] | None = None
+        if next(_COUNT) % SAMPLE_EVERY == 0:
+            self.pairs = []
+            PAIRS.append(self.pairs)
+
+    def _events(self, events, read_ns: int) -> None:
+        before = len(self.token_ns)
+        super()._events(events, read_ns)
+        if self.pairs is None:
+            return
+        stamps = [int(data[at + 7 : data.index(b"}", at)]) for _, data in events if (at := data.find(b'"t_ns":')) >= 0]
+        self.pairs += zip(stamps[: len(self.token_ns) - before], self.token_ns[before:])
+
+
+PAIRS: list[list[tuple[int, int]]] = []
+SAMPLE_EVERY = 8
+_COUNT = itertools.count()
+
+
+async def _hold(scenario) -> tuple[dict, float, int]:
+    """Run the scenario's plan through one real Engine in this process (as a worker would); returns
+    the engine's final report, its CPU seconds per wall second, and its start (perf_counter_ns)."""
+    plan = build_plan(scenario)
+    client = make_client(scenario, scenario.limits.max_in_flight)
+    await client.open()
+    t0 = time.perf_counter_ns() + 300_000_000
+    windows = [(t0 + int(p.start_s * 1e9), t0 + int((p.start_s + p.duration_s) * 1e9)) for p in plan.phases if p.warmup]
+    engine = Engine(client, t0 + (plan.offsets_s * 1e9).astype(np.int64), np.arange(len(plan)), plan.cls, plan.warmup,
+                    (plan.prompt_tokens, plan.output_tokens, plan.item), plan.class_names, windows, t0_ns=t0, interval_s=1.0,
+                    max_in_flight=scenario.limits.max_in_flight, overflow="queue", drain_timeout_s=10.0,
+                    report=lambda message: None, should_stop=lambda: False, precise_timer=False)
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 50, 1000)  # as in a worker (engine._worker)
+    cpu, wall = time.process_time(), time.perf_counter()
+    try:
+        final = await engine.run()
+    finally:
+        await client.close()
+    return final, (time.process_time() - cpu) / (time.perf_counter() - wall), t0
+
+
+def hold_streams(url: str, streams: int, itl_ms: float, seconds: float, work: Path) -> dict:
+    """N streams through one engine; the error of every inter-token gap it measured against the gap
+    the server really left between its writes, once all streams run (after the fill phase + 2 s)."""
+    PAIRS.clear()
+    openai_protocol._Stream = _SpyStream
+    try:
+        final, cpu, t0 = uvloop.run(_hold(scenario_from_dict(stream_scenario(url, streams, seconds, work, itl_ms))))
+    finally:
+        openai_protocol._Stream = _SpyStream.__mro__[1]
+    settled = t0 + int((fill_s(itl_ms) + 2) * 1e9)
+    errors = [abs((r - r_prev) - (t - t_prev)) / 1e6 for pairs in PAIRS
+              for (t_prev, r_prev), (t, r) in zip(pairs, pairs[1:]) if r_prev >= settled]
+    errors = np.array(errors)
+    delay = np.array([(r - t) / 1e6 for pairs in PAIRS for t, r in pairs])
+    return {"itl_ms": itl_ms, "streams": streams, "tokens_per_s": streams * 1000 / itl_ms, "gaps": len(errors), "not_sent": final["not_sent"],
+            "errors_seen": sum(len(v) for v in final["error_examples"].values()),
+            "itl_error_p50_ms": float(np.percentile(errors, 50)), "itl_error_p99_ms": float(np.percentile(errors, 99)),
+            "itl_error_p999_ms": float(np.percentile(errors, 99.9)), "itl_error_max_ms": float(errors.max()),
+            "read_delay_p99_ms": float(np.percentile(delay, 99)), "client_cpu": cpu}
 
 
 def streaming(quick: bool, work: Path, server_cpu: int | None) -> tuple[dict, list[dict]]:
@@ -149,17 +226,12 @@ def streaming(quick: bool, work: Path, server_cpu: int | None) -> tuple[dict, li
         cost = {"encode_us": p50(summary, "encode") * 1000, "decode_us_per_request": p50(summary, "decode") * 1000,
                 "tokens_per_request": tokens, "sse_parse_us_per_token": p50(summary, "decode") * 1000 / tokens}
         sweep = []
-        for streams in ((250, 1000) if quick else (250, 500, 1000, 1500, 2000)):
-            summary, run_dir = run(scenario_from_dict(stream_scenario(url, streams, 6 if quick else 14, work)), work / f"s{streams}")
-            low, high, error = itl_error_ms(run_dir)
-            sweep.append({"streams": streams, "completed": summary["requests"]["completed"], "errors": summary["requests"]["errors"],
-                          "itl_p1_ms": low, "itl_p50_ms": p50(summary, "itl"), "itl_p99_ms": high, "itl_error_ms": error,
-                          "send_lag_p99_ms": summary["metrics"]["send_lag"]["all"]["p99_ms"],
-                          "loop_lag_p99_ms": summary["metrics"].get("loop_lag", {}).get("all", {}).get("p99_ms"),
-                          "validity": summary["validity"]})
-            print(f"  {streams:5d} streams: ITL p1 {low:.2f} / p99 {high:.2f} ms, error {error:.2f} ms, "
-                  f"{summary['requests']['errors']} errors", flush=True)
-            shutil.rmtree(run_dir, ignore_errors=True)
+        for itl_ms, streams in [(itl, n) for itl, counts in (QUICK_SWEEP if quick else SWEEP).items() for n in counts]:
+            row = hold_streams(url, streams, itl_ms, 6 if quick else 12, work)
+            sweep.append(row)
+            print(f"  {streams:5d} streams x {1000 / itl_ms:.0f} tokens/s: ITL error p50 {row['itl_error_p50_ms']:.3f} / "
+                  f"p99 {row['itl_error_p99_ms']:.3f} / max {row['itl_error_max_ms']:.2f} ms over {row['gaps']} gaps, "
+                  f"client CPU {row['client_cpu']:.0%}", flush=True)
     finally:
         stop(server)
     return cost, sweep
@@ -171,11 +243,16 @@ def report_md(report: dict) -> str:
         [[r["tensor"], r["transport"], fmt(r["encode"], 3), fmt(r["decode"], 3), fmt(r["server.deser"], 3),
           fmt(r["server.ser"], 3), fmt(r["network"], 3), fmt(r["service_time"], 3)] for r in report["serialization"]])
     cost = report["openai_cost"]
-    held = [r["streams"] for r in report["streams"] if r["itl_error_ms"] <= 1.0 and r["errors"] == 0]
+    held = {}
+    for r in report["streams"]:
+        if r["itl_error_p99_ms"] <= 1.0 and r["errors_seen"] == 0:
+            held[r["itl_ms"]] = max(held.get(r["itl_ms"], 0), r["streams"])
+    held_text = "; ".join(f"{n:,} streams at {1000 / itl:.0f} tokens/s each" for itl, n in sorted(held.items())) or "none"
     streams = markdown_table(
-        ["streams", "completed", "errors", "ITL p1 ms", "ITL p50 ms", "ITL p99 ms", "ITL error ms", "send lag p99 ms", "loop lag p99 ms"],
-        [[str(r["streams"]), str(r["completed"]), str(r["errors"]), fmt(r["itl_p1_ms"]), fmt(r["itl_p50_ms"]),
-          fmt(r["itl_p99_ms"]), fmt(r["itl_error_ms"]), fmt(r["send_lag_p99_ms"]), fmt(r["loop_lag_p99_ms"])] for r in report["streams"]])
+        ["streams", "tokens/s each", "gaps checked", "ITL error p50 ms", "p99 ms", "p99.9 ms", "max ms", "read delay p99 ms", "client CPU"],
+        [[str(r["streams"]), f"{1000 / r['itl_ms']:.0f}", f"{r['gaps']:,}", fmt(r["itl_error_p50_ms"], 3), fmt(r["itl_error_p99_ms"], 3),
+          fmt(r["itl_error_p999_ms"], 3), fmt(r["itl_error_max_ms"]), fmt(r["read_delay_p99_ms"]), f"{r['client_cpu']:.0%}"]
+         for r in report["streams"]])
     return f"""{SECTION_TITLE}
 
 Machine: {machine_line(report['machine'])}
@@ -187,8 +264,9 @@ Machine: {machine_line(report['machine'])}
 **OpenAI streaming client**: encode {cost['encode_us']:.0f} µs per request; SSE parsing {cost['sse_parse_us_per_token']:.1f} µs
 per token ({cost['decode_us_per_request']:.0f} µs for a {cost['tokens_per_request']:.0f}-token response).
 
-**Concurrent SSE streams, one worker** (40 tokens 50 ms apart; error = max(p99 − 50, 50 − p1) of every measured gap,
-server jitter included): highest N with error ≤ 1 ms and no errors: **{max(held) if held else 'none'}**.
+**Concurrent SSE streams, one worker's engine** (40 tokens each; error = |gap latscope measured − gap between the
+server's writes| for every token once all streams run; read delay = read time − write time): highest N with
+p99 error ≤ 1 ms and no errors: **{held_text}**.
 
 {streams}
 """
@@ -197,12 +275,12 @@ server jitter included): highest N with error ≤ 1 ms and no errors: **{max(hel
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out")
     parser.add_argument("--no-results-md", action="store_true")
     args = parser.parse_args()
+    report = {"machine": machine_facts(PACKAGES), "quick": args.quick}
     client_cpu, server_cpu = cpus()
     pin(client_cpu)
-    report = {"machine": machine_facts(PACKAGES), "quick": args.quick}
     with tempfile.TemporaryDirectory(prefix="latscope-protocols-") as tmp:
         work = Path(tmp)
         print("serialization …", flush=True)

@@ -30,7 +30,7 @@ import json
 import math
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -341,16 +341,24 @@ class KServeClient:
         with_server_headers(outcome, response)
         if response.status >= 400:
             return _with_error_message(http_error(outcome, response), response), None
-        decode_start = time.perf_counter_ns()
-        try:
-            arrays = decode_response(response.body or b"", response.headers.get("inference-header-content-length"))
-            check_named_outputs(arrays, plan.outputs)
-        except InvalidResponse as exc:
-            outcome.error, outcome.reason = "protocol", f"invalid tensor response: {exc}"
-            return outcome, None
-        outcome.end_ns = time.perf_counter_ns()  # the decode is part of the request's service time
-        outcome.decode_ns = outcome.end_ns - decode_start
-        return outcome, arrays
+        header_length = response.headers.get("inference-header-content-length")
+        return decoded(outcome, lambda: decode_response(response.body or b"", header_length), plan.outputs)
+
+
+def decoded(outcome: Outcome, decode: Callable[[], dict[str, np.ndarray]], outputs: list[str]
+            ) -> tuple[Outcome, dict[str, np.ndarray] | None]:
+    """Run `decode` on a response (timed: `decode_ns`, and part of the service time, so `end_ns` moves
+    to its end) and check the named outputs came; an invalid response is a protocol error."""
+    started = time.perf_counter_ns()
+    try:
+        arrays = decode()
+        check_named_outputs(arrays, outputs)
+    except InvalidResponse as exc:
+        outcome.error, outcome.reason = "protocol", f"invalid tensor response: {exc}"
+        return outcome, None
+    outcome.end_ns = time.perf_counter_ns()
+    outcome.decode_ns = outcome.end_ns - started
+    return outcome, arrays
 
 
 def _with_error_message(outcome: Outcome, response: Response) -> Outcome:

@@ -34,8 +34,8 @@ from latscope import __version__
 from latscope.protocols.kserve import (
     InvalidResponse,
     check_datatype,
-    check_named_outputs,
     check_shape,
+    decoded,
     from_json,
     from_raw,
     little_endian,
@@ -222,16 +222,7 @@ class KServeGrpcClient:
                            reason=f"gRPC call failed: {type(exc).__name__}: {exc}"), None
         outcome = Outcome(sent, end, bytes_out=len(data), bytes_in=len(response), encode_ns=encode_ns)
         _with_trailing(outcome, trailing)
-        decode_start = time.perf_counter_ns()
-        try:
-            arrays = decode_infer_response(response)
-            check_named_outputs(arrays, plan.outputs)
-        except InvalidResponse as exc:
-            outcome.error, outcome.reason = "protocol", f"invalid tensor response: {exc}"
-            return outcome, None
-        outcome.end_ns = time.perf_counter_ns()  # the decode is part of the request's service time
-        outcome.decode_ns = outcome.end_ns - decode_start
-        return outcome, arrays
+        return decoded(outcome, lambda: decode_infer_response(response), plan.outputs)
 
 
 def _with_trailing(outcome: Outcome, metadata) -> None:
