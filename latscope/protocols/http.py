@@ -230,21 +230,28 @@ class HttpPool:
         return response
 
 
-def request_head(endpoint: Endpoint, body_len: int, content_type: str | None = None) -> bytes:
-    """The request line and headers for `endpoint` (with the blank line that ends them)."""
+def request_prefix(endpoint: Endpoint, content_type: str | None = None, own: tuple[str, ...] = ()) -> bytes:
+    """The request line and headers for `endpoint`, without Content-Length and the blank line that
+    ends the head: a client that builds a body per request appends those (the scenario's own
+    Content-Length, and headers named in `own`, are left out: the client writes them)."""
     url = urlsplit(endpoint.url)
     headers = {"Host": url.netloc, "User-Agent": f"latscope/{__version__}", "Accept": "*/*"}
     if content_type:
         headers["Content-Type"] = content_type
     if endpoint.api_key:
         headers["Authorization"] = f"Bearer {endpoint.api_key}"
-    headers.update(endpoint.headers)
-    if body_len or endpoint.method in ("POST", "PUT", "PATCH"):
-        headers["Content-Length"] = str(body_len)
+    skip = {"content-length", *(name.lower() for name in own)}
+    headers.update((k, v) for k, v in endpoint.headers.items() if k.lower() not in skip)
     path = url.path.rstrip("/") + endpoint.path
     target_path = (path or "/") + (f"?{url.query}" if url.query and "?" not in path else "")
     head = f"{endpoint.method} {target_path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    return head.encode("latin-1") + b"\r\n"
+    return head.encode("latin-1")
+
+
+def request_head(endpoint: Endpoint, body_len: int, content_type: str | None = None) -> bytes:
+    """The whole head for `endpoint` and a body of `body_len` bytes (with the blank line that ends it)."""
+    length = b"Content-Length: %d\r\n" % body_len if body_len or endpoint.method in ("POST", "PUT", "PATCH") else b""
+    return request_prefix(endpoint, content_type) + length + b"\r\n"
 
 
 def with_server_headers(outcome: Outcome, response: Response) -> Outcome:

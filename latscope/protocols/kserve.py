@@ -29,14 +29,14 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
-from latscope.protocols.http import Failure, HttpPool, Response, http_error, request_head, with_server_headers
+from latscope.protocols.http import Failure, HttpPool, Response, http_error, request_prefix, with_server_headers
 from latscope.records import Outcome, Request
-from latscope.scenario import Endpoint, Scenario
+from latscope.scenario import Scenario
 from latscope.workload import DTYPES, Tensor
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -273,16 +273,6 @@ def error_message(body: bytes | None) -> str:
 # -- the client ----------------------------------------------------------------------------------
 
 
-def _head_prefix(endpoint: Endpoint, content_type: str) -> bytes:
-    """The request line and headers for `endpoint` without the body-length headers and the blank line:
-    each request appends its own Content-Length (and Inference-Header-Content-Length)."""
-    own = {"content-length", HEADER_LENGTH.lower()}
-    endpoint = replace(endpoint, headers={k: v for k, v in endpoint.headers.items() if k.lower() not in own})
-    head = request_head(endpoint, 0, content_type)[:-2]  # without the blank line
-    length = b"Content-Length: 0\r\n"
-    return head[:-len(length)] if head.endswith(length) else head
-
-
 @dataclass(frozen=True, slots=True)
 class _ClassPlan:
     """How one workload class's requests are built (the parts that do not depend on the tensors)."""
@@ -314,7 +304,7 @@ class KServeClient:
             endpoint = scenario.endpoint(c)
             binary = endpoint.kserve.binary
             self._plans[c] = _ClassPlan(binary, list(endpoint.kserve.outputs),
-                                        _head_prefix(endpoint, BINARY_TYPE if binary else JSON_TYPE))
+                                        request_prefix(endpoint, BINARY_TYPE if binary else JSON_TYPE, own=(HEADER_LENGTH,)))
 
     async def open(self) -> None:
         await self._pool.open()

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from latscope.protocols.http import Failure, HttpPool, Response, http_error, request_head, with_server_headers
+from latscope.protocols.http import Failure, HttpPool, Response, http_error, request_prefix, with_server_headers
 from latscope.protocols.sse import SseParser
 from latscope.records import Outcome, Request
 from latscope.scenario import Endpoint, Scenario
@@ -39,7 +39,6 @@ _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 _pc = time.perf_counter_ns
 MAX_REASON = 200  # characters of a server's message kept in a reason
 MAX_ERROR_BODY = 1 << 20  # bytes of a non-event body kept to find an error message in
-_CONTENT_LENGTH_0 = b"Content-Length: 0\r\n\r\n"
 
 
 def _tokens(n: int) -> str:
@@ -193,8 +192,7 @@ class _ClassRequest:
     stream: bool
     model: str | None
     rest: dict[str, Any]  # the body's fields after the prompt and max_tokens: stream, options, extra_body
-    head: bytes | None  # request line and headers without Content-Length (None: built per request)
-    endpoint: Endpoint
+    prefix: bytes  # request line and headers without Content-Length
 
 
 def _class_request(endpoint: Endpoint) -> _ClassRequest:
@@ -204,9 +202,7 @@ def _class_request(endpoint: Endpoint) -> _ClassRequest:
         rest["stream_options"] = {"include_usage": True}
     rest.update(options.extra_body)
     stream = bool(rest.get("stream"))
-    head = request_head(endpoint, 0, "application/json")
-    head = head[: -len(_CONTENT_LENGTH_0)] if head.endswith(_CONTENT_LENGTH_0) else None
-    return _ClassRequest(options.api == "chat", stream, endpoint.model, rest, head, endpoint)
+    return _ClassRequest(options.api == "chat", stream, endpoint.model, rest, request_prefix(endpoint, "application/json"))
 
 
 class OpenAIClient:
@@ -235,11 +231,7 @@ class OpenAIClient:
             doc["max_tokens"] = payload.max_tokens
         doc.update(cls.rest)
         body = _dumps(doc).encode()
-        if cls.head is not None:
-            head = cls.head + b"Content-Length: %d\r\n\r\n" % len(body)
-        else:
-            head = request_head(cls.endpoint, len(body), "application/json")
-        return head + body, len(body)
+        return b"%sContent-Length: %d\r\n\r\n%s" % (cls.prefix, len(body), body), len(body)
 
     async def send(self, request: Request) -> Outcome:
         """One request; `sent_ns` is stamped before the body is built (encode is service time, as
