@@ -263,11 +263,40 @@ def with_server_headers(outcome: Outcome, response: Response) -> Outcome:
     return outcome
 
 
-def http_error(outcome: Outcome, response: Response) -> Outcome:
-    """`outcome` marked http_4xx / http_5xx when the response says so."""
+ERROR_MESSAGE_CHARS = 200  # how much of a server's error message goes into a reason
+
+
+def error_message(body: bytes | None) -> str:
+    """The server's error message from an error response: `{"error": ...}` (a string, or an object with
+    a `message`, as OpenAI-style and KServe servers send), else the body's text; cut to ERROR_MESSAGE_CHARS."""
+    if not body:
+        return ""
+    text = None
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        doc = None
+    if isinstance(doc, dict):
+        error = doc.get("error")
+        if isinstance(error, dict):
+            error = error.get("message")
+        if isinstance(error, str):
+            text = error
+    if text is None:
+        text = body[:ERROR_MESSAGE_CHARS * 4].decode("utf-8", "replace")
+    text = " ".join(text.split())
+    return text if len(text) <= ERROR_MESSAGE_CHARS else text[:ERROR_MESSAGE_CHARS - 1] + "…"
+
+
+def http_error(outcome: Outcome, response: Response, body: bytes | None = None) -> Outcome:
+    """`outcome` marked http_4xx / http_5xx when the response says so, with the server's error message
+    from `body` (when the client kept it) in the reason."""
     if response.status >= 400:
         outcome.error = "http_4xx" if response.status < 500 else "http_5xx"
         outcome.reason = f"HTTP {response.status} {response.reason}".strip()
+        message = error_message(body)
+        if message:
+            outcome.reason = f"{outcome.reason}: {message}"
     return outcome
 
 

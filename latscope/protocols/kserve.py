@@ -34,13 +34,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from latscope.protocols.http import Failure, HttpPool, Response, http_error, request_prefix, with_server_headers
+from latscope.protocols.http import Failure, HttpPool, http_error, request_prefix, with_server_headers
 from latscope.records import Outcome, Request
 from latscope.scenario import Scenario
 from latscope.workload import DTYPES, Tensor
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-ERROR_MESSAGE_CHARS = 200  # how much of a server's error message goes into a reason
 JSON_TYPE = "application/json"
 BINARY_TYPE = "application/octet-stream"
 
@@ -248,28 +247,6 @@ def check_named_outputs(arrays: dict[str, np.ndarray], wanted: list[str]) -> Non
                               f"(got: {', '.join(arrays) or 'none'})")
 
 
-def error_message(body: bytes | None) -> str:
-    """The server's error message from an error response: `{"error": ...}` (a string, or an object with
-    a `message`, as OpenAI-style servers send), else the body's text; cut to ERROR_MESSAGE_CHARS."""
-    if not body:
-        return ""
-    text = None
-    try:
-        doc = json.loads(body)
-    except (ValueError, RecursionError):
-        doc = None
-    if isinstance(doc, dict):
-        error = doc.get("error")
-        if isinstance(error, dict):
-            error = error.get("message")
-        if isinstance(error, str):
-            text = error
-    if text is None:
-        text = body[:ERROR_MESSAGE_CHARS * 4].decode("utf-8", "replace")
-    text = " ".join(text.split())
-    return text if len(text) <= ERROR_MESSAGE_CHARS else text[:ERROR_MESSAGE_CHARS - 1] + "…"
-
-
 # -- the client ----------------------------------------------------------------------------------
 
 
@@ -330,7 +307,7 @@ class KServeClient:
                           bytes_in=response.body_len, encode_ns=encode_ns)
         with_server_headers(outcome, response)
         if response.status >= 400:
-            return _with_error_message(http_error(outcome, response), response), None
+            return http_error(outcome, response, response.body), None
         header_length = response.headers.get("inference-header-content-length")
         return decoded(outcome, lambda: decode_response(response.body or b"", header_length), plan.outputs)
 
@@ -349,10 +326,3 @@ def decoded(outcome: Outcome, decode: Callable[[], dict[str, np.ndarray]], outpu
     outcome.end_ns = time.perf_counter_ns()
     outcome.decode_ns = outcome.end_ns - started
     return outcome, arrays
-
-
-def _with_error_message(outcome: Outcome, response: Response) -> Outcome:
-    message = error_message(response.body)
-    if message:
-        outcome.reason = f"{outcome.reason}: {message}"
-    return outcome

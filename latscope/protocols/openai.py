@@ -170,20 +170,6 @@ def _usage_into(outcome: Outcome, usage: Any) -> bool:
     return False
 
 
-def _http_failure(outcome: Outcome, response: Response, body: bytes) -> Outcome:
-    """http_4xx / http_5xx, with the OpenAI error message (or the start of the body) in the reason."""
-    http_error(outcome, response)
-    if body:
-        try:
-            doc = _loads(body)
-            detail = _error_message(doc.get("error") or doc) if isinstance(doc, dict) else _clip(doc)
-        except (ValueError, RecursionError):
-            detail = _clip(body)
-        if detail:
-            outcome.reason = f"{outcome.reason}: {detail}"
-    return outcome
-
-
 @dataclass(frozen=True, slots=True)
 class _ClassRequest:
     """What every request of one workload class shares."""
@@ -266,7 +252,7 @@ class OpenAIClient:
     def _streamed(outcome: Outcome, response: Response, stream: _Stream) -> Outcome:
         if response.status >= 400:
             outcome.decode_ns = stream.decode_ns
-            return _http_failure(outcome, response, stream.body())
+            return http_error(outcome, response, stream.body())
         stream.finish(response.end_ns)
         outcome.token_ns, outcome.decode_ns = stream.token_ns, stream.decode_ns
         tokens = len(stream.token_ns)
@@ -300,7 +286,7 @@ class OpenAIClient:
     def _whole(outcome: Outcome, response: Response) -> Outcome:
         body = response.body or b""
         if response.status >= 400:
-            return _http_failure(outcome, response, body)
+            return http_error(outcome, response, body)
         started = _pc()
         try:
             doc = _loads(body)
