@@ -109,12 +109,15 @@ class Engine:
 
     # -- the schedule ------------------------------------------------------------------------
 
-    def _count(self, cls: int, warmup: bool, counter: int) -> None:
-        key = (cls, warmup)
-        row = self.counters.get(key)
+    def _row(self, cls: int, warmup: bool) -> list[int]:
+        """This interval's counters of (class, warmup)."""
+        row = self.counters.get((cls, warmup))
         if row is None:
-            row = self.counters[key] = [0] * len(COUNTERS)
-        row[counter] += 1
+            row = self.counters[(cls, warmup)] = [0] * len(COUNTERS)
+        return row
+
+    def _count(self, cls: int, warmup: bool, counter: int) -> None:
+        self._row(cls, warmup)[counter] += 1
 
     async def _sleep_until(self, when_ns: int) -> None:
         """Sleep until `when_ns` (see SPIN_NS); wakes at least every STOP_POLL_S to notice a stop
@@ -224,10 +227,7 @@ class Engine:
                 previous = t
             if tokens > 1:
                 record("tpot", name, (outcome.end_ns - first) // 1000 // (tokens - 1), warm)
-        key = (request.cls, warm)
-        row = self.counters.get(key)
-        if row is None:
-            row = self.counters[key] = [0] * len(COUNTERS)
+        row = self._row(request.cls, warm)
         row[PROMPT_TOKENS] += outcome.prompt_tokens or request.prompt_tokens
         row[OUTPUT_TOKENS] += tokens
         if outcome.tokens_from_usage:
