@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import platform
 import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
+from typing import Iterator
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_MD = REPO / "benchmarks" / "RESULTS.md"
@@ -39,6 +43,26 @@ def wait_until_up(url: str, process: subprocess.Popen, timeout_s: float = 30.0) 
             pass
         time.sleep(0.05)
     raise RuntimeError(f"{url} did not answer within {timeout_s:g} s")
+
+
+@contextmanager
+def server_process(command: list[str], ready_url: str, log: Path, cpu: int | None = None,
+                   timeout_s: float = 120.0) -> Iterator[subprocess.Popen]:
+    """A server started from the repository (pinned to `cpu` with taskset when given), its output
+    appended to `log`; yielded once `ready_url` answers 200, stopped with SIGTERM (then SIGKILL) after."""
+    prefix = ["taskset", "-c", str(cpu)] if cpu is not None and shutil.which("taskset") else []
+    with log.open("ab") as out:
+        process = subprocess.Popen(prefix + command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
+    try:
+        wait_until_up(ready_url, process, timeout_s)
+        yield process
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def machine_facts(packages: tuple[str, ...]) -> dict:

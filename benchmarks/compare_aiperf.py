@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -35,7 +33,9 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO))
 
 import run_independent_tool  # noqa: E402
-from common import fmt, free_port, machine_facts, machine_line, markdown_table, update_results_md, wait_until_up, write_report_json  # noqa: E402
+from common import (  # noqa: E402
+    fmt, free_port, machine_facts, machine_line, markdown_table, server_process, update_results_md, write_report_json,
+)
 from latscope.hlog import read_hlog  # noqa: E402
 from latscope.recorder import merge, values_at  # noqa: E402
 from latscope.run import run_scenario  # noqa: E402
@@ -106,10 +106,9 @@ def main() -> None:
     report = {"machine": machine_facts(("latscope", "numpy")), "rate": args.rate, "requests_per_run": args.requests, "rounds": args.rounds}
     with tempfile.TemporaryDirectory(prefix="latscope-vs-aiperf-") as tmp:
         work = Path(tmp)
-        server = subprocess.Popen([sys.executable, "-m", "reference_server", "serve", "--http-port", str(port), "--grpc-port", "-1",
-                                   "--cache-dir", str(work / "cache")], cwd=REPO, stdout=(work / "server.log").open("w"), stderr=subprocess.STDOUT)
-        try:
-            wait_until_up(f"{url}/v2/health/ready", server, 90)
+        command = [sys.executable, "-m", "reference_server", "serve", "--http-port", str(port), "--grpc-port", "-1",
+                   "--cache-dir", str(work / "cache")]
+        with server_process(command, f"{url}/v2/health/ready", work / "server.log"):
             runs, records = [], []
             for i in range(args.rounds):
                 print(f"round {i + 1}: latscope …", flush=True)
@@ -123,10 +122,6 @@ def main() -> None:
             report["rounds_detail"] = [{"latscope": latscope_percentiles([run]), "aiperf": aiperf_percentiles([record])}
                                        for run, record in zip(runs, records)]
             report["aiperf_version"] = run_independent_tool.tool_version(args.tool_venv / "bin" / "python")
-        finally:
-            server.terminate()
-            server.wait(10)
-            shutil.rmtree(work / "cache", ignore_errors=True)
     rows = []
     for ours, theirs in PAIRS:
         for p in ("p50", "p99"):

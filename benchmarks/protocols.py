@@ -27,8 +27,6 @@ import argparse
 import gc
 import itertools
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +37,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO))
 
 from common import (  # noqa: E402
-    fmt, free_port, machine_facts, machine_line, markdown_table, update_results_md, wait_until_up, write_report_json,
+    fmt, free_port, machine_facts, machine_line, markdown_table, server_process, update_results_md, write_report_json,
 )
 import numpy as np  # noqa: E402
 import uvloop  # noqa: E402
@@ -75,21 +73,6 @@ def cpus() -> tuple[int | None, int | None]:
     return (available[0], available[1]) if len(available) > 1 else (None, None)
 
 
-def start(command: list[str], ready_url: str, cpu: int | None, log: Path) -> subprocess.Popen:
-    prefix = ["taskset", "-c", str(cpu)] if cpu is not None and shutil.which("taskset") else []
-    process = subprocess.Popen(prefix + command, cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    wait_until_up(ready_url, process, 90)
-    return process
-
-
-def stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-
-
 def run(scenario, out: Path) -> tuple[dict, Path]:
     result = run_scenario(scenario, out=out, workers=1)
     return result.summary, result.run_dir
@@ -104,23 +87,20 @@ def p50(summary: dict, metric: str, cls: str = "all") -> float | None:
 
 def serialization(quick: bool, work: Path, server_cpu: int | None) -> list[dict]:
     port, grpc_port = free_port(), free_port()
-    server = start([sys.executable, "-m", "reference_server", "serve", "--builtin", "identity", "--model-name", "identity",
-                    "--no-generator", "--http-port", str(port), "--grpc-port", str(grpc_port),
-                    "--max-queue-delay-us", "0", "--cache-dir", str(work / "cache")],
-                   f"http://127.0.0.1:{port}/v2/health/ready", server_cpu, work / "identity.log")
     rows = []
-    try:
+    with server_process([sys.executable, "-m", "reference_server", "serve", "--builtin", "identity", "--model-name", "identity",
+                         "--no-generator", "--http-port", str(port), "--grpc-port", str(grpc_port),
+                         "--max-queue-delay-us", "0", "--cache-dir", str(work / "cache")],
+                        f"http://127.0.0.1:{port}/v2/health/ready", work / "identity.log", server_cpu):
         for n in (1, 32):
             overrides = [f"target.url=http://127.0.0.1:{port}", "target.launch=null",
-                         f"workload.classes.2.url=grpc://127.0.0.1:{grpc_port}",
-                         f"phases.1.duration={5 if quick else 15}", "phases.1.arrival.rate=20"]
+                         f"workload.classes.2.url=grpc://127.0.0.1:{grpc_port}"]
+            overrides += [f"phases.{i}.{field}" for i in (1, 2, 3) for field in (f"duration={5 if quick else 10}", "arrival.rate=10")]
             overrides += [f"workload.classes.{c}.tensors.0.shape=[{n},384]" for c in range(3)]
             summary, _ = run(load_scenario(REPO / "scenarios" / "serialization.yaml", overrides), work / f"ser-{n}")
             for cls in ("json", "binary", "grpc"):
                 rows.append({"tensor": f"{n}x384 FP32", "transport": cls, "requests": summary["requests_by_class"][cls]["completed"],
                              **{m: p50(summary, m, cls) for m in ("encode", "decode", "server.deser", "server.ser", "network", "service_time")}})
-    finally:
-        stop(server)
     return rows
 
 
@@ -217,10 +197,9 @@ def hold_streams(url: str, streams: int, itl_ms: float, seconds: float, work: Pa
 
 def streaming(quick: bool, work: Path, server_cpu: int | None) -> tuple[dict, list[dict]]:
     port = free_port()
-    server = start([sys.executable, "-m", "latscope.stream_target", "--port", str(port)],
-                   f"http://127.0.0.1:{port}/health", server_cpu, work / "stream_target.log")
     url = f"http://127.0.0.1:{port}"
-    try:
+    with server_process([sys.executable, "-m", "latscope.stream_target", "--port", str(port)],
+                        f"{url}/health", work / "stream_target.log", server_cpu):
         summary, _ = run(scenario_from_dict(stream_scenario(url, 50, 5, work)), work / "openai-cost")
         tokens = summary["tokens"]["all"]["output_tokens"] / max(1, summary["requests"]["completed"])
         cost = {"encode_us": p50(summary, "encode") * 1000, "decode_us_per_request": p50(summary, "decode") * 1000,
@@ -232,8 +211,6 @@ def streaming(quick: bool, work: Path, server_cpu: int | None) -> tuple[dict, li
             print(f"  {streams:5d} streams x {1000 / itl_ms:.0f} tokens/s: ITL error p50 {row['itl_error_p50_ms']:.3f} / "
                   f"p99 {row['itl_error_p99_ms']:.3f} / max {row['itl_error_max_ms']:.2f} ms over {row['gaps']} gaps, "
                   f"client CPU {row['client_cpu']:.0%}", flush=True)
-    finally:
-        stop(server)
     return cost, sweep
 
 
@@ -257,7 +234,7 @@ def report_md(report: dict) -> str:
 
 Machine: {machine_line(report['machine'])}
 
-**Serialization** (medians over a run at 20 req/s per class, one worker, reference server's identity model):
+**Serialization** (medians, one worker, reference server's identity model, each transport in its own phase at 10 req/s):
 
 {ser}
 

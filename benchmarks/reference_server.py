@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO))  # first: this script's own name must not shadow t
 import numpy as np  # noqa: E402
 
 from common import (  # noqa: E402
-    fmt, free_port, machine_facts, machine_line, markdown_table, update_results_md, wait_until_up, write_report_json,
+    fmt, free_port, machine_facts, machine_line, markdown_table, server_process, update_results_md, write_report_json,
 )
 from latscope.run import run_scenario  # noqa: E402
 from latscope.scenario import scenario_from_dict  # noqa: E402
@@ -92,19 +92,9 @@ def reference_command(cache: Path, port: int, *flags: str) -> list[str]:
 
 @contextmanager
 def started(name: str, command: list[str], port: int, log: Path) -> Iterator[Server]:
-    with log.open("ab") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
-    server = Server(name, f"http://127.0.0.1:{port}", process)
-    try:
-        wait_until_up(server.url + "/v2/health/ready", process, timeout_s=120)
-        yield server
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    url = f"http://127.0.0.1:{port}"
+    with server_process(command, url + "/v2/health/ready", log) as process:
+        yield Server(name, url, process)
 
 
 # -- 1. capacity ----------------------------------------------------------------------------------
