@@ -85,12 +85,11 @@ class Collector:
                 key = (self.plan.class_names[ci], warmup)
                 counts[key] += row
                 self.counters[key] += row
-        self.last_in_flight = sum(r["in_flight"] for r in reports)
-        for report in reports:
             for replica, first_ns in report.get("replicas", {}).items():
                 if replica not in self.replicas:
                     self.replicas[replica] = first_ns
                     self.new_replicas.append((replica, first_ns))
+        self.last_in_flight = sum(r["in_flight"] for r in reports)
         self._write(k, interval, counts)
 
     def _write(self, k: int, interval: dict, counts: dict) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 
 from latscope import arrivals
 from latscope.scenario import Phase, Scenario
-from latscope.workload import draw_lengths
+from latscope.workload import draw_lengths, seed_streams
 
 DEFAULT_PROMPT_TOKENS = 32  # an openai class that gives neither prompt_tokens nor a dataset
 
@@ -83,12 +83,12 @@ def _phase_offsets(phase: Phase, scenario: Scenario, rng: np.random.Generator) -
         case "trace":
             path = scenario.resolve_path(a.file)
             trace = arrivals.read_trace(path, a.time_column)
-            rows = arrivals.trace_rows(trace, a.speedup, a.start, d)
-            offsets = (trace["offset_s"].to_numpy(dtype=np.float64)[rows] - a.start) / a.speedup
+            offsets = arrivals.trace_offsets(trace, a.speedup, a.start, d)
             if d is None:  # the phase lasts as long as the (sped-up) trace
                 d = float(offsets[-1]) + 1e-6 if len(offsets) else 0.0
             lengths = {}
             if (spec := a.lengths) is not None:
+                rows = arrivals.trace_rows(trace, a.speedup, a.start, d)  # the rows behind `offsets`, in order
                 for key, column, cap in (("prompt_tokens", spec.prompt_column, spec.max_prompt),
                                          ("output_tokens", spec.output_column, spec.max_output)):
                     if column is not None:
@@ -101,9 +101,7 @@ def _phase_offsets(phase: Phase, scenario: Scenario, rng: np.random.Generator) -
 
 def build_plan(scenario: Scenario) -> Plan:
     """The whole run's schedule. Deterministic for a given scenario (seed included)."""
-    # Child seeds by position: phases, then class draws, then lengths (adding a stream never
-    # changes the ones before it).
-    seeds = np.random.SeedSequence(scenario.seed).spawn(len(scenario.phases) + 2)
+    seeds = seed_streams(scenario)
     chunks, phase_ids, phases, trace_lengths = [], [], [], []
     start = 0.0
     for i, phase in enumerate(scenario.phases):
@@ -141,9 +139,9 @@ def build_plan(scenario: Scenario) -> Plan:
         if wc.output_tokens is not None:
             output_tokens[mine] = draw_lengths(wc.output_tokens, len(mine), rng, scenario)
     for target, key in ((prompt_tokens, "prompt_tokens"), (output_tokens, "output_tokens")):
-        from_trace = [lengths.get(key, np.zeros(len(ids), np.int32)) for lengths, ids in zip(trace_lengths, phase_ids)]
-        if any(key in lengths for lengths in trace_lengths):
-            values = np.concatenate(from_trace)[:n]
+        if any(key in lengths for lengths in trace_lengths):  # a trace's lengths win over the class's
+            values = np.concatenate([lengths.get(key, np.zeros(len(ids), np.int32))
+                                     for lengths, ids in zip(trace_lengths, phase_ids)])[:n]
             target[values > 0] = values[values > 0]
     item = rng.integers(0, 2**62, size=n, dtype=np.int64)
-    return Plan(offsets_s, phase, cls, phases, [c.name for c in classes], prompt_tokens, output_tokens, item)
+    return Plan(offsets_s, phase, cls, phases, names, prompt_tokens, output_tokens, item)

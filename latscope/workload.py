@@ -62,6 +62,13 @@ class Payload:
     tensors: list[Tensor] | None = None  # KServe v2 inputs
 
 
+def seed_streams(scenario: Scenario) -> list[np.random.SeedSequence]:
+    """The scenario's independent random streams, by position: one per phase (arrivals), then class
+    draws, per-request lengths, and the payload contents (synthetic text, random tensors). Adding a
+    stream at the end never changes the ones before it."""
+    return np.random.SeedSequence(scenario.seed).spawn(len(scenario.phases) + 3)
+
+
 # -- lengths (used by the plan) ---------------------------------------------------------------
 
 
@@ -172,7 +179,7 @@ class Payloads:
 
     def __init__(self, scenario: Scenario):
         classes = scenario.workload.effective_classes()
-        rng = np.random.default_rng(np.random.SeedSequence(scenario.seed).spawn(len(scenario.phases) + 3)[-1])
+        rng = np.random.default_rng(seed_streams(scenario)[-1])
         words = np.array(VOCABULARY)[rng.integers(0, len(VOCABULARY), size=TEXT_WORDS)]
         self._words: list[str] = words.tolist()
         self._datasets = [read_dataset(c.dataset, scenario.resolve_path(c.dataset.file)) if c.dataset else None
