@@ -35,7 +35,7 @@ import math
 import os
 import re
 import time
-from typing import Iterator, TextIO
+from typing import Callable, Iterator, TextIO
 
 from hdrh.histogram import HdrHistogram
 
@@ -101,11 +101,15 @@ class HlogReader:
     (None if absent) and ``version`` its format version (None if absent).
 
     A malformed interval line raises ValueError naming it, unless strict=False, in which case it
-    is skipped (e.g. the torn last line of a log whose writer was killed)."""
+    is skipped (e.g. the torn last line of a log whose writer was killed).
 
-    def __init__(self, source: str | os.PathLike | TextIO, strict: bool = True):
+    `want(tag)`, when given, picks the intervals to decode; the others are skipped unread, which
+    makes reading one metric out of a long log several times faster."""
+
+    def __init__(self, source: str | os.PathLike | TextIO, strict: bool = True, want: Callable[[str | None], bool] | None = None):
         self.source = source
         self.strict = strict
+        self.want = want
         self.start_time_s: float | None = None
         self.base_time_s: float | None = None
         self.version: str | None = None
@@ -137,6 +141,8 @@ class HlogReader:
                 if line.startswith("Tag="):
                     tag, line = line[4:].split(",", 1)
                     tag = tag or None
+                if self.want is not None and not self.want(tag):
+                    continue
                 ts, length, _max, blob = line.split(",", 3)
                 ts, length = float(ts), float(length)
                 h = decode(blob)
@@ -151,6 +157,8 @@ class HlogReader:
             yield tag, ts + (base - start), length, h  # exact ts when BaseTime == StartTime
 
 
-def read_hlog(path: str | os.PathLike | TextIO, strict: bool = True) -> Iterator[tuple[str | None, float, float, HdrHistogram]]:
+def read_hlog(
+    path: str | os.PathLike | TextIO, strict: bool = True, want: Callable[[str | None], bool] | None = None
+) -> Iterator[tuple[str | None, float, float, HdrHistogram]]:
     """(tag, start_s relative to the log's StartTime, length_s, histogram) for each interval; see HlogReader."""
-    return iter(HlogReader(path, strict))
+    return iter(HlogReader(path, strict, want))

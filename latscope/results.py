@@ -20,12 +20,16 @@ import os
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, Collection, TextIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from latscope.errors import ScenarioError
+from latscope.hlog import read_hlog
+
+if TYPE_CHECKING:
+    from hdrh.histogram import HdrHistogram
 
 SCHEMA_VERSION = 1
 SUMMARY = "summary.json"
@@ -119,6 +123,25 @@ def read_summary(run_dir: str | Path) -> dict:
 def read_events(run_dir: str | Path) -> list[dict]:
     path = Path(run_dir) / EVENTS
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+Interval = tuple[float, float, "HdrHistogram"]  # (start_s from the run's start, length_s, histogram)
+
+
+def read_intervals(run_dir: str | Path, metrics: Collection[str] | None = None) -> dict[tuple[str, str], list[Interval]]:
+    """The per-interval histograms of histograms.hlog, by (metric, class), in time order; only
+    those of `metrics` when given (the others are not decoded). Warm-up intervals are included:
+    timeseries.parquet's `phase` column, or summary.json's `phases`, tell them apart."""
+    wanted = None if metrics is None else set(metrics)
+
+    def want(tag: str | None) -> bool:
+        return tag is not None and (wanted is None or tag.split("/", 1)[0] in wanted)
+
+    out: dict[tuple[str, str], list[Interval]] = {}
+    for tag, start_s, length_s, h in read_hlog(Path(run_dir) / HLOG, want=want):
+        metric, cls = tag.split("/", 1)  # metric names hold no "/" (Server-Timing names are tokens)
+        out.setdefault((metric, cls), []).append((start_s, length_s, h))
+    return out
 
 
 def read_timeseries(run_dir: str | Path):

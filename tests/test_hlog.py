@@ -158,3 +158,18 @@ def test_torn_last_line(hlog_path):
     with pytest.raises(ValueError, match=":12: malformed"):
         list(read_hlog(hlog_path))
     assert len(list(read_hlog(hlog_path, strict=False))) == len(INTERVALS)
+
+
+def test_want_skips_other_tags_undecoded(hlog_path):
+    got = list(read_hlog(hlog_path, want=lambda tag: tag == "latency/all"))
+    assert [(g[0], g[1]) for g in got] == [(t, s) for t, s, _, _ in INTERVALS if t == "latency/all"]
+    assert np.array_equal(counts(got[0][3]), counts(INTERVALS[0][3]))
+
+
+def test_read_intervals_groups_by_metric_and_class(hlog_path):
+    from latscope.results import read_intervals
+
+    by_key = read_intervals(hlog_path.parent, metrics=["latency"])
+    assert list(by_key) == [("latency", "all")]
+    assert [start for start, _, _ in by_key[("latency", "all")]] == [0.0, 1.0, 2.0, 1234.568]
+    assert set(read_intervals(hlog_path.parent)) == {("latency", "all"), ("service_time", "chat")}
