@@ -7,6 +7,8 @@ sample came from:
 
 from __future__ import annotations
 
+from typing import Protocol
+
 # name -> (label, unit). A source writes only what it can measure.
 METRICS: dict[str, tuple[str, str]] = {
     "gpu_util_pct": ("GPU utilization", "%"),
@@ -24,3 +26,23 @@ METRICS: dict[str, tuple[str, str]] = {
     "rss_bytes": ("Resident memory", "B"),
     "loop_lag_p99_ms": ("Event-loop lag p99", "ms"),
 }
+
+Sample = tuple[str, str, float]
+"""(device, metric, value): one reading of a sampler, e.g. ("gpu0", "power_w", 312.5)."""
+
+
+class Sampler(Protocol):
+    """What every telemetry source is. `sample()` is called from the source's own sampling thread
+    (see session.py), never from the run's collect loop, so it may block — up to its own timeout."""
+
+    name: str  # the `source` column: "nvml", "host", or the Prometheus source's name
+
+    def sample(self) -> list[Sample]:
+        """The readings of this instant. Raises on a failed read (the session records a gap)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class TelemetryUnavailable(Exception):
+    """A source cannot sample on this host (no NVIDIA driver, no GPU, ...): the run goes on without it."""
