@@ -1,5 +1,7 @@
-"""The run-vs-run page: the report's panels with both runs overlaid (base dashed, new solid) and a
-table of percentile deltas per metric × class (computed by latscope.analysis.compare)."""
+"""The run-vs-run page: every panel of the single-run report with both runs — overlaid where they
+share axes (base dashed, new solid), side by side where they do not (cold starts: one bar group and
+one block of table rows per run) — each run's validity stamp by its name, and a table of percentile
+deltas for every metric × class of either run (computed by latscope.analysis.compare)."""
 
 from __future__ import annotations
 
@@ -7,16 +9,28 @@ import math
 
 import pandas as pd
 
+from latscope.analysis import coldstart, correlation, percentiles, serialization
 from latscope.analysis import compare as compare_analysis
-from latscope.analysis import percentiles, serialization
 from latscope.analysis.run_data import RunData
 from latscope.report import figures
-from latscope.report.html import METRIC_LABELS, esc, TABLE_METRICS, fmt_ms, headline, metadata_table, page, safe_panel
+from latscope.report.html import METRIC_LABELS, esc, fmt_ms, generator_lags, headline, metadata_table, page, safe_panel
 from latscope.report.markdown import md
 
 # A change smaller than this (relative) is shown uncoloured: within run-to-run noise for most setups.
 NOTABLE_PCT = 5.0
-DELTA_STATS = (("p50_ms", "p50"), ("p90_ms", "p90"), ("p99_ms", "p99"), ("p99.9_ms", "p99.9"), ("max_ms", "max"))
+DELTA_STATS = (("p50_ms", "p50"), ("p90_ms", "p90"), ("p99_ms", "p99"), ("p99.9_ms", "p99.9"), ("max_ms", "max"),
+               ("mean_ms", "mean"))
+# The delta table's sections, in order: what the user waited for first, then where that time went,
+# then the generator's own health. "server.*" stands for every Server-Timing part (by name); a
+# metric in none of these goes to a last "other" section.
+METRIC_GROUPS = (
+    ("Latency", ("latency", "service_time")),
+    ("Streaming", ("ttft", "itl", "tpot")),
+    ("Where the time goes (means add up; see Serialization)", ("encode", "network", "server.*", "decode")),
+    ("Per replica (class = replica id)", ("replica_latency",)),
+    ("Load generator health (should stay near zero)", ("send_lag", "loop_lag")),
+)
+OTHER_GROUP = "Other"
 
 
 def _pct(value: object) -> str:
@@ -28,8 +42,8 @@ def _delta_cell(row: pd.Series | None) -> str:
         return "<td>–</td>"
     pct = row.get("delta_pct")
     pct = None if pct is None or (isinstance(pct, float) and math.isnan(pct)) else float(pct)
-    css = "" if pct is None or abs(pct) < NOTABLE_PCT else ("worse" if pct > 0 else "better")
-    return (f"<td class=\"n delta {css}\">{fmt_ms(_f(row.get('base')))} → {fmt_ms(_f(row.get('new')))}"
+    css = "" if pct is None or abs(pct) < NOTABLE_PCT else (" worse" if pct > 0 else " better")
+    return (f"<td class=\"n delta{css}\">{fmt_ms(_f(row.get('base')))} → {fmt_ms(_f(row.get('new')))}"
             f"<br><b>{_pct(pct)}</b></td>")
 
 
@@ -40,23 +54,60 @@ def _f(value: object) -> float | None:
     return None if math.isnan(value) else value
 
 
+def _metric_rank(metric: str) -> tuple[int, int, str]:
+    for g, (_, members) in enumerate(METRIC_GROUPS):
+        for position, member in enumerate(members):
+            if metric == member or (member.endswith("*") and metric.startswith(member[:-1])):
+                return g, position, metric
+    return len(METRIC_GROUPS), 0, metric
+
+
+def _group_name(metric: str) -> str:
+    g = _metric_rank(metric)[0]
+    return METRIC_GROUPS[g][0] if g < len(METRIC_GROUPS) else OTHER_GROUP
+
+
 def _ordered(deltas: pd.DataFrame) -> list[tuple[str, str]]:
+    """Every (metric, class) of the deltas, in METRIC_GROUPS order; class "all" first within a metric."""
     pairs = list(dict.fromkeys(zip(deltas["metric"], deltas["class"])))
-    known = [p for m in TABLE_METRICS for p in pairs if p[0] == m]
-    return sorted(known, key=lambda p: (TABLE_METRICS.index(p[0]), p[1] != "all", p[1]))
+    return sorted(pairs, key=lambda p: (_metric_rank(p[0]), p[1] != "all", p[1]))
+
+
+def _only_in(index: dict, metric: str, cls: str) -> tuple[str, str] | None:
+    """("base" | "new", "p50 0.400 · p90 … ms") when only one run has this metric × class, else None:
+    a row of "– → 0.400" cells would hide the one fact that matters (it is new, or gone)."""
+    rows = [(label, index.get((metric, cls, stat))) for stat, label in DELTA_STATS]
+    for side, other in (("new", "base"), ("base", "new")):
+        if all(r is None or _f(r.get(other)) is None for _, r in rows):
+            values = " · ".join(f"{label} {fmt_ms(_f(r.get(side)))}" for label, r in rows if r is not None)
+            return side, f"{values} ms"
+    return None
+
+
+def _label(metric: str) -> str:
+    return METRIC_LABELS.get(metric, metric)
 
 
 def delta_table(deltas: pd.DataFrame) -> str:
     if deltas is None or deltas.empty:
         return "<p>The two runs share no metric.</p>"
     index = {(r["metric"], r["class"], r["stat"]): r for _, r in deltas.iterrows()}
-    rows = []
+    rows, group = [], None
     for metric, cls in _ordered(deltas):
-        cells = "".join(_delta_cell(index.get((metric, cls, stat))) for stat, _ in DELTA_STATS)
-        rows.append(f"<tr><td>{esc(METRIC_LABELS.get(metric, metric))}</td><td>{esc(cls)}</td>{cells}</tr>")
+        if _group_name(metric) != group:
+            group = _group_name(metric)
+            rows.append(f"<tr class=\"group\"><th colspan=\"{2 + len(DELTA_STATS)}\">{esc(group)}</th></tr>")
+        only = _only_in(index, metric, cls)
+        if only:
+            cells = f"<td class=\"only\" colspan=\"{len(DELTA_STATS)}\"><i>only in the {only[0]} run:</i> {only[1]}</td>"
+        else:
+            cells = "".join(_delta_cell(index.get((metric, cls, stat))) for stat, _ in DELTA_STATS)
+        strong = " class=\"total\"" if cls == "all" else ""
+        rows.append(f"<tr{strong}><td>{esc(_label(metric))}</td><td>{esc(cls)}</td>{cells}</tr>")
     head = "".join(f"<th class=\"n\">{label} ms</th>" for _, label in DELTA_STATS)
-    return ("<p class=\"note\">Each cell: base → new, and the change relative to base. Red: more than "
-            f"{NOTABLE_PCT:g}% slower; green: more than {NOTABLE_PCT:g}% faster.</p>"
+    return ("<p class=\"note\">Each cell: base → new, and the change relative to base; – where a run lacks the metric or class. "
+            f"Red: more than {NOTABLE_PCT:g}% slower; green: more than {NOTABLE_PCT:g}% faster. Every metric in either "
+            "run's summary.json is here.</p>"
             f"<table class=\"deltas\"><tr><th>metric</th><th>class</th>{head}</tr>" + "".join(rows) + "</table>")
 
 
@@ -78,9 +129,37 @@ def compare_headline(base: dict, new: dict) -> str:
     return " — ".join(parts)
 
 
-def compare_html(base: RunData, new: RunData, cdn: bool = False) -> tuple[str, pd.DataFrame]:
-    """The comparison page and the deltas it shows."""
-    deltas = compare_analysis.percentile_deltas(base, new)
+def weaker_reasons(base: dict, new: dict) -> list[str]:
+    """Plain-text sentences, one per run whose measurement is not "valid" (empty when both are)."""
+    out = []
+    for which, summary in (("base", base), ("new", new)):
+        stamp = summary.get("validity")
+        if stamp == "valid":
+            continue
+        reasons = summary.get("validity_reasons") or []
+        detail = f" ({'; '.join(str(r) for r in reasons)})" if reasons else ""
+        out.append(f"the {which} run's measurement is {stamp}{detail}" if stamp else f"the {which} run has no validity stamp")
+    return out
+
+
+def _weaker_html(base: dict, new: dict) -> str:
+    reasons = weaker_reasons(base, new)
+    if not reasons:
+        return ""
+    return ("<p class=\"warning\"><b>This comparison is weaker:</b> " + esc("; ".join(reasons)) + ". Where a run's "
+            "generator fell behind, the load it offered was not the planned one, so a difference between the runs may come "
+            "from the load generator rather than the target. See Generator health below.</p>")
+
+
+def _run_line(which: str, run: RunData) -> str:
+    s = run.summary
+    return (f"<div class=\"run\"><b>{which}</b> {esc(run.path.name)} · scenario {esc(s.get('scenario', '?'))} · started "
+            f"{esc(s.get('started_at', ''))} {figures.validity_stamp(s)}</div>")
+
+
+def compare_panels(base: RunData, new: RunData) -> list:
+    """The single-run report's panels, each with both runs: overlaid where they share axes (base
+    dashed, new solid), side by side where they do not (the cold-start table)."""
     bs, ns = base.summary, new.summary
 
     def streaming():
@@ -88,6 +167,20 @@ def compare_html(base: RunData, new: RunData, cdn: bool = False) -> tuple[str, p
         return figures.streaming_panel(
             {m: percentiles.spectrum(new, m) for m in metrics if m in ns.get("metrics", {})},
             compare_with={m: percentiles.spectrum(base, m) for m in metrics if m in bs.get("metrics", {})})
+
+    def gpu():
+        panel = figures.gpu_panel(new.telemetry, ns, new.events, base_telemetry=base.telemetry, base_summary=bs)
+        if panel.figure is not None:
+            tables = [(which, figures.correlation_table(correlation.correlations(run))) for which, run in (("base", base), ("new", new))]
+            if any(table for _, table in tables):
+                panel.html = "<div class=\"grid\">" + "".join(
+                    f"<div><h3>{which} run</h3>{table or '<p>No telemetry series to correlate.</p>'}</div>" for which, table in tables) + "</div>"
+        return panel
+
+    def generator():
+        (send, loop), (base_send, base_loop) = generator_lags(new), generator_lags(base)
+        return figures.generator_panel(send, loop, ns, new.telemetry, base_send_lag=base_send, base_loop_lag=base_loop,
+                                       base_summary=bs, base_telemetry=base.telemetry)
 
     def parts():
         both = [(df, which) for df, which in ((serialization.breakdown(base), "base"), (serialization.breakdown(new), "new"))
@@ -100,21 +193,36 @@ def compare_html(base: RunData, new: RunData, cdn: bool = False) -> tuple[str, p
         frame["class"] = frame["class"] + " · " + frame["run"]
         panel = figures.serialization_panel(frame.drop(columns="run"))
         panel.title = "Serialization: where a request's time goes, base vs new"
+        if len(both) == 1:
+            missing = "new" if both[0][1] == "base" else "base"
+            panel.note += f" The {missing} run recorded no encode/decode or Server-Timing parts, so only the {both[0][1]} run's bars are here."
         return panel
 
-    panels = [
-        safe_panel(lambda: figures.spectrum_compare_panel(percentiles.spectrum(base), percentiles.spectrum(new)),
-                   "spectrum", "Latency percentile spectrum"),
-        safe_panel(lambda: figures.latency_time_compare_panel(percentiles.interval_percentiles(base), percentiles.interval_percentiles(new), bs, ns),
-                   "latency-time", "Latency over time"),
-        safe_panel(lambda: figures.load_compare_panel(percentiles.interval_percentiles(base), percentiles.interval_percentiles(new), bs, ns),
-                   "load-time", "Load"),
-        safe_panel(streaming, "streaming", "Streaming"),
-        safe_panel(parts, "serialization", "Serialization"),
+    builders = [
+        ("spectrum", "Latency percentile spectrum",
+         lambda: figures.spectrum_panel(percentiles.spectrum(new), base_spectra=percentiles.spectrum(base))),
+        ("latency-time", "Latency over time",
+         lambda: figures.latency_time_panel({"all": percentiles.interval_percentiles(new)}, ns, new.events,
+                                            base_by_class={"all": percentiles.interval_percentiles(base)}, base_summary=bs)),
+        ("load-time", "Load",
+         lambda: figures.load_time_panel(percentiles.interval_percentiles(new), ns, new.events,
+                                         base_overall=percentiles.interval_percentiles(base), base_summary=bs)),
+        ("streaming", "Streaming", streaming),
+        ("gpu", "GPU lanes", gpu),
+        ("coldstart", "Cold starts", lambda: figures.coldstart_panel(coldstart.cold_starts(new), base_starts=coldstart.cold_starts(base))),
+        ("serialization", "Serialization", parts),
+        ("generator", "Generator health", generator),
     ]
+    return [safe_panel(build, pid, title) for pid, title, build in builders]
+
+
+def compare_html(base: RunData, new: RunData, cdn: bool = False) -> tuple[str, pd.DataFrame]:
+    """The comparison page and the deltas it shows."""
+    deltas = compare_analysis.percentile_deltas(base, new)
+    bs, ns = base.summary, new.summary
     line = compare_headline(bs, ns)
-    header = (f"<h1>latscope compare · base {esc(bs.get('scenario', '?'))} {esc(bs.get('started_at', ''))} · "
-              f"new {esc(ns.get('scenario', '?'))} {esc(ns.get('started_at', ''))}</h1><div class=\"headline\">{esc(line)}</div>")
+    header = (f"<h1>latscope compare</h1><div class=\"headline\">{esc(line)}</div>"
+              f"{_run_line('base', base)}{_run_line('new', new)}{_weaker_html(bs, ns)}")
     body = [
         "<div class=\"grid\">"
         f"<section><h2>Base: {esc(base.path.name)}</h2><p>{esc(headline(bs))}</p></section>"
@@ -123,20 +231,27 @@ def compare_html(base: RunData, new: RunData, cdn: bool = False) -> tuple[str, p
     ]
     tail = [f"<div class=\"grid\"><section><h2>Base run</h2>{metadata_table(base)}</section>"
             f"<section><h2>New run</h2>{metadata_table(new)}</section></div>"]
-    return page(f"latscope compare · {esc(line)}", header, body, panels, tail, cdn), deltas
+    return page(f"latscope compare · {esc(line)}", header, body, compare_panels(base, new), tail, cdn), deltas
 
 
 def compare_markdown(base: RunData, new: RunData, deltas: pd.DataFrame) -> str:
     lines = [f"### latscope compare · {md(base.path.name)} → {md(new.path.name)}", "",
              f"**{md(compare_headline(base.summary, new.summary))}**", ""]
+    weaker = weaker_reasons(base.summary, new.summary)
+    if weaker:
+        lines += [f"⚠ This comparison is weaker: {md('; '.join(weaker))}.", ""]
     if deltas is not None and not deltas.empty:
         index = {(r["metric"], r["class"], r["stat"]): r for _, r in deltas.iterrows()}
         lines.append("| metric | class | " + " | ".join(f"{label} ms" for _, label in DELTA_STATS) + " |")
         lines.append("|---|---|" + "---|" * len(DELTA_STATS))
         for metric, cls in _ordered(deltas):
+            only = _only_in(index, metric, cls)
+            if only:
+                lines.append(f"| {md(_label(metric))} | {md(cls)} | only in the {only[0]} run: {only[1]} |" + " |" * (len(DELTA_STATS) - 1))
+                continue
             cells = []
             for stat, _ in DELTA_STATS:
                 r = index.get((metric, cls, stat))
                 cells.append("–" if r is None else f"{fmt_ms(_f(r.get('base')))} → {fmt_ms(_f(r.get('new')))} ({_pct(_f(r.get('delta_pct')))})")
-            lines.append(f"| {md(METRIC_LABELS.get(metric, metric))} | {md(cls)} | " + " | ".join(cells) + " |")
+            lines.append(f"| {md(_label(metric))} | {md(cls)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

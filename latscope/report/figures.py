@@ -75,6 +75,11 @@ def _layout(fig: go.Figure, height: int, **kwargs) -> go.Figure:
     return fig
 
 
+def _sides(new: object, base: object, compare: bool) -> list[tuple[object, str | None, str]]:
+    """(data, line dash, legend suffix) per run to draw: the run alone, or base (dashed) then new (solid)."""
+    return [(base, "dash", " (base)"), (new, None, " (new)")] if compare else [(new, None, "")]
+
+
 # -- percentile spectrum -------------------------------------------------------------------------
 
 PERCENTILE_TICKS = ((1, "0%"), (2, "50%"), (4, "75%"), (10, "90%"), (20, "95%"), (100, "99%"), (1e3, "99.9%"),
@@ -134,34 +139,27 @@ def _values(*spectra: dict[str, pd.DataFrame]) -> np.ndarray:
     return np.concatenate(arrays) if arrays else np.array([])
 
 
-def spectrum_panel(spectra: dict[str, pd.DataFrame]) -> Panel:
-    panel = Panel("spectrum", "Latency percentile spectrum")
-    if not spectra:
-        panel.note = "No latency was recorded outside warm-up (no request completed), so there is no spectrum."
+def spectrum_panel(spectra: dict[str, pd.DataFrame], base_spectra: dict[str, pd.DataFrame] | None = None) -> Panel:
+    """Latency per class on the 1/(1−p) axis. With base_spectra, the base run's too: each class keeps
+    one colour, dashed for the base run, solid for the new one."""
+    compare = base_spectra is not None
+    panel = Panel("spectrum", "Latency percentile spectrum" + (": base (dashed) vs new (solid)" if compare else ""))
+    if not spectra and not base_spectra:
+        panel.note = ("No latency was recorded outside warm-up (no request completed), so there is no spectrum." if not compare
+                      else "Neither run recorded latency outside warm-up.")
         return panel
     fig = go.Figure()
-    xmax = _add_spectrum(fig, spectra)
-    _spectrum_axes(fig, xmax, _values(spectra), "latency (ms)")
-    panel.figure = _layout(fig, 420, hovermode="closest")
+    classes = sorted(set(spectra) | set(base_spectra or {}), key=lambda c: (c != "all", c))
+    colors = {c: COLORS[i % len(COLORS)] for i, c in enumerate(classes)}
+    xmax = 2.0
+    for frames, dash, suffix in _sides(spectra, base_spectra, compare):
+        xmax = max(xmax, _add_spectrum(fig, frames, dash=dash, suffix=suffix, colors=colors))
+    _spectrum_axes(fig, xmax, _values(spectra, base_spectra or {}), "latency (ms)")
+    panel.figure = _layout(fig, 440 if compare else 420, hovermode="closest")
     panel.note = ("Latency at each percentile, whole run without warm-up, per request class. The x axis "
                   "stretches the tail: each step right is ten times rarer (99% = 1 request in 100, 99.9% = 1 in 1,000). "
-                  "The last point of each line is the slowest request.")
-    return panel
-
-
-def spectrum_compare_panel(base: dict[str, pd.DataFrame], new: dict[str, pd.DataFrame]) -> Panel:
-    panel = Panel("spectrum", "Latency percentile spectrum: base (dashed) vs new (solid)")
-    if not base and not new:
-        panel.note = "Neither run recorded latency outside warm-up."
-        return panel
-    fig = go.Figure()
-    classes = sorted(set(base) | set(new), key=lambda c: (c != "all", c))
-    colors = {c: COLORS[i % len(COLORS)] for i, c in enumerate(classes)}
-    x1 = _add_spectrum(fig, base, dash="dash", suffix=" (base)", colors=colors)
-    x2 = _add_spectrum(fig, new, suffix=" (new)", colors=colors)
-    _spectrum_axes(fig, max(x1, x2), _values(base, new), "latency (ms)")
-    panel.figure = _layout(fig, 440, hovermode="closest")
-    panel.note = "Same axes as the single-run report; each class has one colour, dashed for the base run, solid for the new one."
+                  "The last point of each line is the slowest request."
+                  + (" Each class has one colour, dashed for the base run, solid for the new one." if compare else ""))
     return panel
 
 
@@ -245,135 +243,207 @@ def add_phases_and_events(fig: go.Figure, summary: dict, events: list[dict], lab
     fig.update_layout(shapes=[*fig.layout.shapes, *shapes], annotations=[*fig.layout.annotations, *annotations])
 
 
-def _time_range(summary: dict) -> list[float]:
-    end = max([p["start_s"] + p["duration_s"] for p in summary.get("phases", [])] + [summary.get("duration_s") or 0, 1])
+def _time_range(*summaries: dict | None) -> list[float]:
+    """[0, the end of the longest of the runs]: on a compare page each run is drawn on its own clock."""
+    end = max([p["start_s"] + p["duration_s"] for s in summaries if s for p in s.get("phases", [])]
+              + [(s or {}).get("duration_s") or 0 for s in summaries] + [1])
     return [0, end]
 
 
-def latency_time_panel(by_class: dict[str, pd.DataFrame], summary: dict, events: list[dict]) -> Panel:
-    """p50/p99/p99.9 per interval for all classes; p99 of each class dotted when there are several."""
-    panel = Panel("latency-time", "Latency over time")
-    overall = by_class.get("all")
-    if overall is None or not overall["count"].fillna(0).gt(0).any():
-        panel.note = "No request completed, so there is no latency to plot over time."
+def latency_time_panel(by_class: dict[str, pd.DataFrame], summary: dict, events: list[dict],
+                       base_by_class: dict[str, pd.DataFrame] | None = None, base_summary: dict | None = None) -> Panel:
+    """p50/p99/p99.9 per interval for all classes; p99 of each class dotted when there are several.
+    With base_summary, the base run's all-class lines are drawn too (dashed; per-class lines are left
+    to each run's own report: six of them per class would bury the comparison)."""
+    compare = base_summary is not None
+    panel = Panel("latency-time", "Latency over time" + (": base (dashed) vs new (solid)" if compare else ""))
+    sides = [(frames.get("all") if frames else None, s, dash, suffix)
+             for (frames, s), dash, suffix in _sides((by_class, summary), (base_by_class, base_summary), compare)]
+    sides = [side for side in sides if _has_intervals(side[0])]
+    if not sides:
+        panel.note = ("No request completed, so there is no latency to plot over time." if not compare
+                      else "Neither run completed a request, so there is no latency to plot over time.")
         return panel
-    interval = summary.get("generator", {}).get("interval_s") or 1.0
     fig = go.Figure()
-    for stat, (label, color) in STAT_STYLE.items():
-        fig.add_trace(go.Scatter(x=_time_x(overall, interval), y=f32(overall[stat]), name=f"{label} (all classes)",
-                                 mode="lines+markers", marker=dict(size=4), line=dict(color=color, width=2), hovertemplate=f"{label} %{{y:.2f}} ms"))
+    for overall, s, dash, suffix in sides:
+        interval = s.get("generator", {}).get("interval_s") or 1.0
+        for stat, (label, color) in STAT_STYLE.items():
+            name = label + (suffix or " (all classes)")
+            fig.add_trace(go.Scatter(x=_time_x(overall, interval), y=f32(overall[stat]), name=name, mode="lines+markers",
+                                     marker=dict(size=4), line=dict(color=color, width=2, dash=dash), hovertemplate=f"{name} %{{y:.2f}} ms"))
     classes = [c for c in by_class if c != "all"]
-    if len(classes) > 1:
+    if len(classes) > 1 and not compare:
+        interval = summary.get("generator", {}).get("interval_s") or 1.0
         for i, cls in enumerate(classes):
             df = by_class[cls]
             fig.add_trace(go.Scatter(x=_time_x(df, interval), y=f32(df["p99_ms"]), name=f"p99 {esc(cls)}", mode="lines",
                                      line=dict(color=COLORS[(i + 4) % len(COLORS)], width=1.2, dash="dot"),
                                      hovertemplate=f"p99 {esc(cls)} %{{y:.2f}} ms", visible="legendonly" if len(classes) > 4 else True))
     add_phases_and_events(fig, summary, events)
-    values = overall[["p50_ms", "p99.9_ms"]].to_numpy(float).ravel()
+    values = np.concatenate([overall[["p50_ms", "p99.9_ms"]].to_numpy(float).ravel() for overall, *_ in sides])
     values = values[np.isfinite(values) & (values > 0)]
     if len(values) and values.max() / values.min() > 20:
         fig.update_yaxes(title_text="latency per interval (ms), log scale", type="log", **log_ticks(values))
     else:
         fig.update_yaxes(title_text="latency per interval (ms)", rangemode="tozero")
-    fig.update_xaxes(title_text=TIME_AXIS, range=_time_range(summary))
+    fig.update_xaxes(title_text=TIME_AXIS, range=_time_range(summary, base_summary))
     panel.figure = _layout(fig, 400)
+    interval = summary.get("generator", {}).get("interval_s") or 1.0
     panel.note = (f"Percentiles of the requests that completed in each {interval:g} s interval, measured from each "
                   "request's intended send time. Shaded bands are the scenario's phases (grey: warm-up, not counted in the "
-                  "tables); dotted vertical lines are events such as a new replica.")
+                  "tables); dotted vertical lines are events such as a new replica."
+                  + (" All classes; each run on its own clock (seconds since it started); bands and events are the new run's."
+                     if compare else ""))
     return panel
 
 
-def load_time_panel(overall: pd.DataFrame, summary: dict, events: list[dict]) -> Panel:
-    """Offered vs achieved rate, requests in flight, errors — per interval, one shared time axis."""
-    panel = Panel("load-time", "Load: offered vs achieved rate, in flight, errors")
-    if overall is None or overall.empty:
-        panel.note = "The run has no intervals (it stopped before the first one ended)."
+def load_time_panel(overall: pd.DataFrame, summary: dict, events: list[dict], base_overall: pd.DataFrame | None = None,
+                    base_summary: dict | None = None) -> Panel:
+    """Offered vs achieved rate, requests in flight, errors — per interval, one shared time axis.
+    With base_summary, the base run's lines too (dashed; its error bars lighter)."""
+    compare = base_summary is not None
+    panel = Panel("load-time", "Load: offered vs achieved rate, in flight, errors" + (": base (dashed) vs new (solid)" if compare else ""))
+    sides = [side for side in _sides((overall, summary), (base_overall, base_summary), compare)
+             if side[0][0] is not None and not side[0][0].empty]
+    if not sides:
+        panel.note = ("The run has no intervals (it stopped before the first one ended)." if not compare
+                      else "Neither run has intervals (both stopped before the first one ended).")
         return panel
-    interval = summary.get("generator", {}).get("interval_s") or 1.0
-    x = _time_x(overall, interval)
-    has_errors = bool(overall["errors"].fillna(0).sum())
+    has_errors = any(bool(df["errors"].fillna(0).sum()) for (df, _), *_ in sides)
     rows = 3 if has_errors else 2
     fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.05, row_heights=[0.5, 0.25, 0.25][:rows])
-    fig.add_trace(go.Scatter(x=x, y=f32(overall["scheduled"] / interval), name="offered (scheduled)", mode="lines",
-                             line=dict(color="#7f7f7f", width=2, dash="dash"), hovertemplate="offered %{y:.1f}/s"), row=1, col=1)
-    fig.add_trace(go.Scatter(x=x, y=f32(overall["completed"] / interval), name="achieved (completed)", mode="lines",
-                             line=dict(color="#1f77b4", width=2), hovertemplate="achieved %{y:.1f}/s"), row=1, col=1)
-    fig.add_trace(go.Scatter(x=x, y=f32(overall["in_flight"]), name="in flight (at interval end)", mode="lines",
-                             line=dict(color="#9467bd", width=1.5, shape="hv"), hovertemplate="in flight %{y:.0f}"), row=2, col=1)
-    if has_errors:
-        fig.add_trace(go.Bar(x=x, y=f32(overall["errors"] / interval), name="errors", marker_color="#d62728",
-                             hovertemplate="errors %{y:.1f}/s"), row=3, col=1)
+    for (df, s), dash, suffix in sides:
+        interval = s.get("generator", {}).get("interval_s") or 1.0
+        x = _time_x(df, interval)
+        # Alone, offered is the dashed line; on a compare page dashes mean "base", and colour tells offered from achieved.
+        fig.add_trace(go.Scatter(x=x, y=f32(df["scheduled"] / interval), name=f"offered (scheduled){suffix}", mode="lines",
+                                 line=dict(color="#7f7f7f", width=2, dash=dash if compare else "dash"),
+                                 hovertemplate=f"offered{suffix} %{{y:.1f}}/s"), row=1, col=1)
+        fig.add_trace(go.Scatter(x=x, y=f32(df["completed"] / interval), name=f"achieved (completed){suffix}", mode="lines",
+                                 line=dict(color="#1f77b4", width=2, dash=dash), hovertemplate=f"achieved{suffix} %{{y:.1f}}/s"), row=1, col=1)
+        fig.add_trace(go.Scatter(x=x, y=f32(df["in_flight"]), name=f"in flight (at interval end){suffix}", mode="lines",
+                                 line=dict(color="#9467bd", width=1.5, shape="hv", dash=dash), hovertemplate=f"in flight{suffix} %{{y:.0f}}"),
+                      row=2, col=1)
+        if has_errors:
+            fig.add_trace(go.Bar(x=x, y=f32(df["errors"] / interval), name=f"errors{suffix}", marker_color="#ff9896" if dash else "#d62728",
+                                 hovertemplate=f"errors{suffix} %{{y:.1f}}/s"), row=3, col=1)
     add_phases_and_events(fig, summary, events, label_phases=True)
     fig.update_yaxes(title_text="requests/s", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="in flight", rangemode="tozero", row=2, col=1)
     if has_errors:
         fig.update_yaxes(title_text="errors/s", rangemode="tozero", row=3, col=1)
-    fig.update_xaxes(range=_time_range(summary))
+    fig.update_xaxes(range=_time_range(summary, base_summary))
     fig.update_xaxes(title_text=TIME_AXIS, row=rows, col=1)
     panel.figure = _layout(fig, 520 if has_errors else 440)
     panel.note = ("Offered is what the schedule asked for in each interval (open loop: it never waits for the server); "
                   "achieved is what completed. A gap between them, with in-flight requests piling up, is the server falling behind."
-                  + ("" if has_errors else " No request failed."))
+                  + ("" if has_errors else " No request failed." if not compare else " Neither run had a failed request.")
+                  + (" Each run on its own clock; bands and events are the new run's; the base run's error bars are the lighter ones."
+                     if compare else ""))
     return panel
 
 
-def generator_panel(send_lag: pd.DataFrame | None, loop_lag: pd.DataFrame | None, summary: dict,
-                    telemetry: pd.DataFrame | None = None) -> Panel:
-    """The load generator's own health: did requests leave on time, and were its processes short of CPU?"""
-    panel = Panel("generator", "Generator health: send lag, event-loop lag, CPU")
+VERDICTS = {"valid": "the generator kept to the schedule: these numbers describe the target.",
+            "degraded": "the generator was late at times; the latencies are still honest (measured from the intended send "
+                        "time) but the offered load was not quite the planned one.",
+            "invalid": "the generator could not keep to the schedule: the load generator, not the target, shaped the traffic."}
+
+
+def validity_stamp(summary: dict) -> str:
+    """The run's validity as a coloured badge (trusted HTML; the value itself is escaped)."""
     stamp = summary.get("validity", "unknown")
+    return f'<span class="stamp {html.escape(str(stamp), quote=True)}">measurement {esc(stamp)}</span>'
+
+
+def _validity_lead(summary: dict, who: str = "") -> str:
     reasons = summary.get("validity_reasons") or []
-    verdict = {"valid": "the generator kept to the schedule: these numbers describe the target.",
-               "degraded": "the generator was late at times; the latencies are still honest (measured from the intended send time) but the offered load was not quite the planned one.",
-               "invalid": "the generator could not keep to the schedule: the load generator, not the target, shaped the traffic."}
-    panel.lead = (f'<p><span class="stamp {html.escape(str(stamp), quote=True)}">measurement {esc(stamp)}</span> — {verdict.get(stamp, "")}</p>'
-                  + ("<ul>" + "".join(f"<li>{esc(r)}</li>" for r in reasons) + "</ul>" if reasons else ""))
-    have = [(name, df) for name, df in (("send lag p99", send_lag), ("event-loop lag p99", loop_lag))
-            if df is not None and not df.empty and df["count"].fillna(0).gt(0).any()]
-    cpu = pd.DataFrame()
-    if telemetry is not None and len(telemetry):
-        cpu = telemetry[(telemetry["metric"] == "cpu_pct") & (telemetry["source"] == "host")]
-    if not have and cpu.empty:
-        panel.note = "The run recorded no send or loop lag."
+    verdict = VERDICTS.get(summary.get("validity", "unknown"), "")
+    return (f"<p>{who}{validity_stamp(summary)} — {verdict}</p>"
+            + ("<ul>" + "".join(f"<li>{esc(r)}</li>" for r in reasons) + "</ul>" if reasons else ""))
+
+
+def _host_cpu(telemetry: pd.DataFrame | None) -> pd.DataFrame:
+    if telemetry is None or not len(telemetry):
+        return pd.DataFrame()
+    return telemetry[(telemetry["metric"] == "cpu_pct") & (telemetry["source"] == "host")]
+
+
+def _has_intervals(df: pd.DataFrame | None) -> bool:
+    return df is not None and not df.empty and bool(df["count"].fillna(0).gt(0).any())
+
+
+def generator_panel(send_lag: pd.DataFrame | None, loop_lag: pd.DataFrame | None, summary: dict,
+                    telemetry: pd.DataFrame | None = None, base_send_lag: pd.DataFrame | None = None,
+                    base_loop_lag: pd.DataFrame | None = None, base_summary: dict | None = None,
+                    base_telemetry: pd.DataFrame | None = None) -> Panel:
+    """The load generator's own health: did requests leave on time, and were its processes short of CPU?
+    With base_summary, the base run's lags and CPU are drawn too (dashed) and both runs' validity stamps lead."""
+    compare = base_summary is not None
+    panel = Panel("generator", "Generator health: send lag, event-loop lag, CPU" + (": base (dashed) vs new (solid)" if compare else ""))
+    panel.lead = (_validity_lead(base_summary, "<b>base</b> ") + _validity_lead(summary, "<b>new</b> ") if compare
+                  else _validity_lead(summary))
+    sides = [(lags, cpu, s, dash, suffix) for (lags, cpu, s), dash, suffix in _sides(
+        ((send_lag, loop_lag), _host_cpu(telemetry), summary), ((base_send_lag, base_loop_lag), _host_cpu(base_telemetry), base_summary),
+        compare)]
+    have_lag = any(_has_intervals(df) for lags, *_ in sides for df in lags)
+    have_cpu = any(not cpu.empty for _, cpu, *_ in sides)
+    if not have_lag and not have_cpu:
+        panel.note = "The run recorded no send or loop lag." if not compare else "Neither run recorded send or loop lag."
         return panel
-    interval = summary.get("generator", {}).get("interval_s") or 1.0
-    rows = 2 if have and not cpu.empty else 1
+    rows = 2 if have_lag and have_cpu else 1
     fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.08, row_heights=[0.6, 0.4][:rows])
-    for (name, df), color in zip(have, ("#1f77b4", "#ff7f0e")):
-        fig.add_trace(go.Scatter(x=_time_x(df, interval), y=f32(df["p99_ms"]), name=name, mode="lines",
-                                 line=dict(color=color, width=1.8), hovertemplate=f"{name} %{{y:.3f}} ms"), row=1, col=1)
-        fig.add_trace(go.Scatter(x=_time_x(df, interval), y=f32(df["max_ms"]), name=name.replace("p99", "max"), mode="lines",
-                                 line=dict(color=color, width=1, dash="dot"), hovertemplate=f"{name.replace('p99', 'max')} %{{y:.3f}} ms"),
-                      row=1, col=1)
-    if have:
-        fig.update_yaxes(title_text="lag per interval (ms)", rangemode="tozero", row=1, col=1)
-    if not cpu.empty:
-        for i, (device, df) in enumerate(cpu.groupby("device", sort=True)):
-            name = "CPU whole machine" if device == "system" else f"CPU {esc(device)}"
+    devices = sorted({d for _, cpu, *_ in sides if not cpu.empty for d in cpu["device"].unique()}, key=str)
+    cpu_colors = {d: COLORS[(i + 2) % len(COLORS)] for i, d in enumerate(devices)}
+    for (send, loop), cpu, s, dash, suffix in sides:
+        interval = s.get("generator", {}).get("interval_s") or 1.0
+        for (name, df), color in zip((("send lag p99", send), ("event-loop lag p99", loop)), ("#1f77b4", "#ff7f0e")):
+            if not _has_intervals(df):
+                continue
+            worst = name.replace("p99", "max")
+            fig.add_trace(go.Scatter(x=_time_x(df, interval), y=f32(df["p99_ms"]), name=name + suffix, mode="lines",
+                                     line=dict(color=color, width=1.8, dash=dash), hovertemplate=f"{name}{suffix} %{{y:.3f}} ms"),
+                          row=1, col=1)
+            fig.add_trace(go.Scatter(x=_time_x(df, interval), y=f32(df["max_ms"]), name=worst + suffix, mode="lines",
+                                     # the base run's max dash-dotted, the new run's dotted: both thin, told apart
+                                     line=dict(color=color, width=1, dash="dashdot" if dash else "dot"),
+                                     visible="legendonly" if compare else True, hovertemplate=f"{worst}{suffix} %{{y:.3f}} ms"),
+                          row=1, col=1)
+        for device, df in (cpu.groupby("device", sort=True) if not cpu.empty else ()):
+            name = ("CPU whole machine" if device == "system" else f"CPU {esc(device)}") + suffix
             fig.add_trace(go.Scatter(x=f32(df["t_s"]), y=f32(df["value"]), name=name, mode="lines",
-                                     line=dict(color=COLORS[(i + 2) % len(COLORS)], width=1.2), hovertemplate=f"{name} %{{y:.0f}}%"),
+                                     line=dict(color=cpu_colors[device], width=1.2, dash=dash), hovertemplate=f"{name} %{{y:.0f}}%"),
                           row=rows, col=1)
+    if have_lag:
+        fig.update_yaxes(title_text="lag per interval (ms)", rangemode="tozero", row=1, col=1)
+    if have_cpu:
         fig.update_yaxes(title_text="CPU (% of one core)", rangemode="tozero", row=rows, col=1)
     add_phases_and_events(fig, summary, [])
-    fig.update_xaxes(range=_time_range(summary))
+    fig.update_xaxes(range=_time_range(summary, base_summary))
     fig.update_xaxes(title_text=TIME_AXIS, row=rows, col=1)
     panel.figure = _layout(fig, 340 if rows == 1 else 460)
     panel.note = ("Send lag = actual send − intended send time of each request; event-loop lag = how late the generator's "
                   "own timer fired. Both should stay near zero." + (
                       " CPU: latscope's own processes and the whole machine (a worker near 100% of one core cannot keep to the schedule)."
-                      if not cpu.empty else ""))
+                      if have_cpu else "")
+                  + (" Each run on its own clock; phase bands are the new run's. The interval maxima are hidden "
+                     "(click them in the legend to show them)." if compare else ""))
     return panel
 
 
 # -- GPU / host telemetry ------------------------------------------------------------------------
 
-def gpu_panel(telemetry: pd.DataFrame, summary: dict, events: list[dict]) -> Panel:
-    panel = Panel("gpu", "GPU lanes")
-    metrics = set(telemetry["metric"].unique()) if len(telemetry) else set()
+def gpu_panel(telemetry: pd.DataFrame, summary: dict, events: list[dict], base_telemetry: pd.DataFrame | None = None,
+              base_summary: dict | None = None) -> Panel:
+    """One lane per GPU metric, raw samples per device. With base_summary, the base run's samples are
+    drawn too (dashed; each source and device keeps its colour across runs)."""
+    compare = base_summary is not None
+    panel = Panel("gpu", "GPU lanes" + (": base (dashed) vs new (solid)" if compare else ""))
+    sides = [(frame if frame is not None and len(frame) else None, dash, suffix)
+             for frame, dash, suffix in _sides(telemetry, base_telemetry, compare)]
+    metrics = {m for frame, *_ in sides if frame is not None for m in frame["metric"].unique()}
     lanes = [m for m in GPU_LANES if m in metrics and not (m == "mem_util_pct" and "mem_bw_util_pct" in metrics)]
     if not lanes:
-        panel.note = "No GPU telemetry in this run."
+        panel.note = "No GPU telemetry in this run." if not compare else "Neither run has GPU telemetry."
         return panel
     titles = []
     for m in lanes:
@@ -381,25 +451,27 @@ def gpu_panel(telemetry: pd.DataFrame, summary: dict, events: list[dict]) -> Pan
         unit = "GiB" if unit == "B" else unit
         titles.append(f"{label} ({unit})")
     fig = make_subplots(rows=len(lanes), cols=1, shared_xaxes=True, vertical_spacing=0.05, subplot_titles=titles)
-    series = telemetry[telemetry["metric"].isin(lanes)]
-    keys = sorted({(s, d) for s, d in zip(series["source"], series["device"])}, key=str)
+    series = [(frame[frame["metric"].isin(lanes)], dash, suffix) for frame, dash, suffix in sides if frame is not None]
+    keys = sorted({(s, d) for frame, *_ in series for s, d in zip(frame["source"], frame["device"])}, key=str)
     colors = {k: COLORS[i % len(COLORS)] for i, k in enumerate(keys)}
     for row, metric in enumerate(lanes, start=1):
-        rows = series[series["metric"] == metric]
-        for (source, device), df in rows.groupby(["source", "device"], sort=True):
-            scale = 1 / 2**30 if metric == "mem_used_bytes" else 1.0
-            name = f"{esc(source)} {esc(device)}"
-            fig.add_trace(go.Scatter(x=f32(df["t_s"]), y=f32(df["value"].to_numpy(float) * scale), name=name,
-                                     mode="lines", line=dict(color=colors[(source, device)], width=1.3),
-                                     legendgroup=name, showlegend=row == 1, hovertemplate=f"{name} %{{y:.1f}}"), row=row, col=1)
+        scale = 1 / 2**30 if metric == "mem_used_bytes" else 1.0
+        for frame, dash, suffix in series:
+            for (source, device), df in frame[frame["metric"] == metric].groupby(["source", "device"], sort=True):
+                name = f"{esc(source)} {esc(device)}{suffix}"
+                fig.add_trace(go.Scatter(x=f32(df["t_s"]), y=f32(df["value"].to_numpy(float) * scale), name=name,
+                                         mode="lines", line=dict(color=colors[(source, device)], width=1.3, dash=dash),
+                                         legendgroup=name, showlegend=row == 1, hovertemplate=f"{name} %{{y:.1f}}"), row=row, col=1)
         unit = TELEMETRY_METRICS.get(metric, ("", ""))[1]
         fig.update_yaxes(title_text="GiB" if unit == "B" else unit, rangemode="tozero", row=row, col=1)
     add_phases_and_events(fig, summary, events, label_phases=False)
-    fig.update_xaxes(range=_time_range(summary))
+    fig.update_xaxes(range=_time_range(summary, base_summary))
     fig.update_xaxes(title_text=TIME_AXIS, row=len(lanes), col=1)
     panel.figure = _layout(fig, 170 * len(lanes) + 140, margin={**MARGIN, "t": 90},
                            legend=dict(orientation="h", yanchor="bottom", y=1.04, xanchor="left", x=0))
     notes = ["Raw samples per device, on the same time axis as the latency panels."]
+    if compare:
+        notes.append("Each run on its own clock; a run without GPU telemetry has no lines here. Event lines are the new run's.")
     if "mem_util_pct" in lanes:
         notes.append("Memory-bandwidth utilization (GPM) was not available; the memory lane shows NVML's coarse "
                      "memory-controller busy counter, which is not bandwidth.")
@@ -427,33 +499,59 @@ def _start_label(c: dict) -> str:
     return f"{kind}{label} @ {c['at_s']:.1f} s"
 
 
+def _start_tick(c: dict, taken: set[str]) -> str:
+    """A start's axis label: short lines (kind, name cut to 16 characters, time), so that a dozen of
+    them fit side by side without plotly turning them on end; unique among `taken`."""
+    kind = {"run_start": "run start", "phase": "phase", "replica": "new replica"}.get(c["kind"], c["kind"])
+    name = "" if c["kind"] == "run_start" else str(c["label"])
+    name = name if len(name) <= 16 else name[:15] + "…"
+    tick = "<br>".join(part for part in (kind, esc(name), f"@ {c['at_s']:.1f} s") if part)
+    while tick in taken:  # two names alike in their first 15 characters
+        tick += " "
+    taken.add(tick)
+    return tick
+
+
 def _num(value: object, fmt: str = ".2f", none: str = "–") -> str:
     return none if value is None or (isinstance(value, float) and not math.isfinite(value)) else format(value, fmt)
 
 
-def coldstart_panel(starts: list[dict]) -> Panel:
-    panel = Panel("coldstart", "Cold starts: the first requests after each start vs the steady state")
-    if not starts:
-        panel.note = "No start to analyse (no request completed)."
+def coldstart_panel(starts: list[dict], base_starts: list[dict] | None = None) -> Panel:
+    """First requests vs steady state after each start, as bars and a table. With base_starts, both
+    runs side by side: the bars grouped under "base" and "new", the table's rows labelled with their run."""
+    compare = base_starts is not None
+    panel = Panel("coldstart", "Cold starts: the first requests after each start vs the steady state"
+                  + (", base and new" if compare else ""))
+    rows_of = [("base", base_starts), ("new", starts)] if compare else [("", starts)]
+    entries = [(run, c) for run, chosen in rows_of for c in chosen]
+    if not entries:
+        panel.note = "No start to analyse (no request completed)." if not compare else "Neither run has a start to analyse (no request completed)."
         return panel
-    labels = [_start_label(c) for c in starts]
+    labels = [_start_label(c) for _, c in entries]
+    taken: dict[str, set] = {}
+    ticks = [_start_tick(c, taken.setdefault(run, set())) for run, c in entries]
+    # A compare page groups the bars by run on a two-level axis (run, then start) rather than
+    # writing "base"/"new" into every label.
+    x = [[run for run, _ in entries], ticks] if compare else ticks
     fig = go.Figure()
     for key, name, color in (("first_p50_ms", "first requests p50", "#d62728"), ("first_p99_ms", "first requests p99", "#ff9896"),
                              ("steady_p50_ms", "steady state p50", "#1f77b4"), ("steady_p99_ms", "steady state p99", "#aec7e8")):
-        fig.add_trace(go.Bar(x=labels, y=[c.get(key) for c in starts], name=name, marker_color=color,
+        fig.add_trace(go.Bar(x=x, y=[c.get(key) for _, c in entries], name=name, marker_color=color,
                              hovertemplate=f"{name} %{{y:.2f}} ms"))
     fig.update_layout(barmode="group")
     fig.update_yaxes(title_text="latency (ms)", rangemode="tozero")
-    fig.update_xaxes(title_text="start (kind, name, time since the run started)")
-    panel.figure = _layout(fig, 380, hovermode="x")
+    fig.update_xaxes(title_text=("run, then " if compare else "") + "start (kind, name, time since the run started)", tickangle=0)
+    panel.figure = _layout(fig, 420 if compare else 400, hovermode="x")
+    run_cell = (lambda run: f"<td><b>{run}</b></td>") if compare else (lambda run: "")
     rows = "".join(
-        f"<tr class=\"{'bad' if c.get('cold') else ''}\"><td>{labels[i]}{' (warm-up)' if c.get('warmup') else ''}</td>"
+        f"<tr class=\"{'bad' if c.get('cold') else ''}\">{run_cell(run)}<td>{labels[i]}{' (warm-up)' if c.get('warmup') else ''}</td>"
         f"<td class=n>{c.get('first_count', 0):,}</td><td class=n>{_num(c.get('first_p50_ms'))}</td><td class=n>{_num(c.get('first_max_ms'))}</td>"
-        f"<td class=n>{_num(c.get('steady_p50_ms'))}</td><td class=n>{_num(c.get('slowdown_p50'), '.2f')}×</td>"
+        f"<td class=n>{_num(c.get('steady_p50_ms'))}</td><td class=n>{_num(c.get('slowdown_p50'), '.2f')}{'×' if c.get('slowdown_p50') is not None else ''}</td>"
         f"<td class=n>{_num(c.get('time_to_steady_s'), '.1f', 'never')}</td><td>{'yes' if c.get('cold') else 'no'}</td></tr>"
-        for i, c in enumerate(starts))
-    panel.html = ("<table><tr><th>start</th><th>first requests</th><th>first p50 ms</th><th>first max ms</th>"
-                  "<th>steady p50 ms</th><th>slowdown p50</th><th>time to steady (s)</th><th>cold?</th></tr>" + rows + "</table>")
+        for i, (run, c) in enumerate(entries))
+    panel.html = ("<table><tr>" + ("<th>run</th>" if compare else "") + "<th>start</th><th>first requests</th><th>first p50 ms</th>"
+                  "<th>first max ms</th><th>steady p50 ms</th><th>slowdown p50</th><th>time to steady (s)</th><th>cold?</th></tr>"
+                  + rows + "</table>")
     panel.note = ("Each start (the run, each phase, each replica the target added) compares its first requests with the "
                   "steady state after it. A start is cold when its first p50 is more than 1.5× the steady p50.")
     return panel
@@ -493,50 +591,4 @@ def serialization_panel(parts: pd.DataFrame) -> Panel:
     panel.note = ("Mean per request, stacked: client encode, network (the rest of the round trip), the server's own "
                   "Server-Timing parts, client decode; \"other\" is latency not covered by those (queueing in the client, "
                   "streaming after the first chunk).")
-    return panel
-
-
-# -- compare -------------------------------------------------------------------------------------
-
-def latency_time_compare_panel(base: pd.DataFrame, new: pd.DataFrame, base_summary: dict, new_summary: dict) -> Panel:
-    panel = Panel("latency-time", "Latency over time: base (dashed) vs new (solid)")
-    if (base is None or base.empty) and (new is None or new.empty):
-        panel.note = "Neither run has latency intervals."
-        return panel
-    fig = go.Figure()
-    for df, summary, dash, which in ((base, base_summary, "dash", "base"), (new, new_summary, None, "new")):
-        if df is None or df.empty:
-            continue
-        interval = summary.get("generator", {}).get("interval_s") or 1.0
-        for stat in ("p50_ms", "p99_ms"):
-            label, color = STAT_STYLE[stat]
-            fig.add_trace(go.Scatter(x=_time_x(df, interval), y=f32(df[stat]), name=f"{label} ({which})", mode="lines",
-                                     line=dict(color=color, dash=dash, width=1.8), hovertemplate=f"{label} {which} %{{y:.2f}} ms"))
-    add_phases_and_events(fig, new_summary, [])
-    fig.update_yaxes(title_text="latency per interval (ms)", rangemode="tozero")
-    fig.update_xaxes(title_text=TIME_AXIS)
-    panel.figure = _layout(fig, 380)
-    panel.note = "All classes; each run on its own clock (seconds since it started). Phase bands are the new run's."
-    return panel
-
-
-def load_compare_panel(base: pd.DataFrame, new: pd.DataFrame, base_summary: dict, new_summary: dict) -> Panel:
-    panel = Panel("load-time", "Achieved rate and in flight: base (dashed) vs new (solid)")
-    if (base is None or base.empty) and (new is None or new.empty):
-        panel.note = "Neither run has intervals."
-        return panel
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.06)
-    for df, summary, dash, which in ((base, base_summary, "dash", "base"), (new, new_summary, None, "new")):
-        if df is None or df.empty:
-            continue
-        interval = summary.get("generator", {}).get("interval_s") or 1.0
-        x = _time_x(df, interval)
-        fig.add_trace(go.Scatter(x=x, y=f32(df["completed"] / interval), name=f"achieved ({which})", mode="lines",
-                                 line=dict(color="#1f77b4", dash=dash), hovertemplate=f"achieved {which} %{{y:.1f}}/s"), row=1, col=1)
-        fig.add_trace(go.Scatter(x=x, y=f32(df["in_flight"]), name=f"in flight ({which})", mode="lines",
-                                 line=dict(color="#9467bd", dash=dash), hovertemplate=f"in flight {which} %{{y:.0f}}"), row=2, col=1)
-    fig.update_yaxes(title_text="achieved requests/s", rangemode="tozero", row=1, col=1)
-    fig.update_yaxes(title_text="in flight", rangemode="tozero", row=2, col=1)
-    fig.update_xaxes(title_text=TIME_AXIS, row=2, col=1)
-    panel.figure = _layout(fig, 420)
     return panel

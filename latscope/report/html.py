@@ -39,7 +39,8 @@ PERCENTILE_COLUMNS = (("p50_ms", "p50"), ("p90_ms", "p90"), ("p99_ms", "p99"), (
 # The metrics of the percentile table, in order (others, like server.* parts, are in summary.json).
 TABLE_METRICS = ("latency", "ttft", "itl", "tpot", "service_time")
 METRIC_LABELS = {"latency": "latency", "service_time": "service time", "ttft": "TTFT", "itl": "ITL", "tpot": "TPOT",
-                 "send_lag": "send lag", "loop_lag": "event-loop lag"}
+                 "send_lag": "send lag", "loop_lag": "event-loop lag", "encode": "client encode", "decode": "client decode",
+                 "network": "network", "replica_latency": "latency per replica"}
 
 
 def fmt_ms(value: float | None) -> str:
@@ -187,6 +188,12 @@ def classes_of(summary: dict, metric: str = "latency") -> list[str]:
     return list(summary.get("metrics", {}).get(metric, {}))
 
 
+def generator_lags(run: RunData) -> tuple:
+    """(send lag, event-loop lag) per interval, class "all"; None for one the run did not record."""
+    metrics = run.summary.get("metrics", {})
+    return tuple(percentiles.interval_percentiles(run, m, "all") if m in metrics else None for m in ("send_lag", "loop_lag"))
+
+
 def run_panels(run: RunData) -> list[Panel]:
     s = run.summary
 
@@ -205,9 +212,7 @@ def run_panels(run: RunData) -> list[Panel]:
         return panel
 
     def generator() -> Panel:
-        metrics = s.get("metrics", {})
-        send = percentiles.interval_percentiles(run, "send_lag", "all") if "send_lag" in metrics else None
-        loop = percentiles.interval_percentiles(run, "loop_lag", "all") if "loop_lag" in metrics else None
+        send, loop = generator_lags(run)
         return figures.generator_panel(send, loop, s, run.telemetry)
 
     builders = [
@@ -245,8 +250,13 @@ table.meta th{text-align:left;color:#555;font-weight:500}table.meta td{text-alig
 tr.total td{font-weight:600}
 tr.good td:first-child{color:#18794e;font-weight:600}tr.bad td:first-child{color:#c62828;font-weight:600}
 td.worse{color:#c62828}td.better{color:#18794e}
+tr.group th{background:#f3f4f6;font-weight:600;padding-top:8px}
+table.deltas td:first-child,td.delta{white-space:nowrap}
+.run{margin:3px 0}.run b{display:inline-block;width:3em}
+.warning{background:#fff4e5;border:1px solid #e5b567;border-radius:4px;padding:6px 10px;color:#6b4300}
+h3{font-size:14px;margin:10px 0 4px}
 code{font-size:12px;background:#f3f3f3;padding:1px 4px;border-radius:3px;word-break:break-all}
-.stamp{font-weight:700;padding:2px 8px;border-radius:4px;color:#fff}
+.stamp{font-weight:700;padding:2px 8px;border-radius:4px;color:#fff;background:#666;white-space:nowrap}
 .stamp.valid{background:#18794e}.stamp.degraded{background:#b7791f}.stamp.invalid{background:#c62828}
 .badges span{display:inline-block;margin-right:8px}
 .grid{display:grid;grid-template-columns:1fr 1fr;gap:16px}

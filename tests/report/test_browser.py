@@ -197,6 +197,10 @@ def test_compare_in_chromium(runs, browser, tmp_path):
     state = _check_page(browser, tmp_path / "compare.html", tmp_path / "compare.png")
     assert state["errors"] == [] and state["xss"] is None and state["injected"] == 0
     ids = {p["id"] for p in state["plots"]}
-    assert {"plot-spectrum", "plot-latency-time", "plot-load-time", "plot-streaming"} <= ids, ids
+    # Every panel of the report, with both runs (GPU: neither run has telemetry, so it says so in one line).
+    assert {"plot-spectrum", "plot-latency-time", "plot-load-time", "plot-streaming", "plot-coldstart",
+            "plot-serialization", "plot-generator"} <= ids, ids
     assert all(p["svg"] > 0 and p["traces"] > 0 for p in state["plots"]), state["plots"]
+    assert "gpu" in state["omitted"] and "Neither run has GPU telemetry." in state["text"]
     assert "→" in state["text"]  # base → new cells of the delta table
+    assert "server.queue" in state["text"] and "send lag" in state["text"]  # the delta table covers every metric

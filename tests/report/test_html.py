@@ -3,6 +3,7 @@ what it escapes; the CLI's report/compare commands and their exit codes."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -14,12 +15,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from aiohttp import web
 
 from conftest import REPO, free_port, serve
 from latscope import results
 from latscope.analysis.run_data import load_run
 from latscope.builtin_target import make_app
-from latscope.report import write_report
+from latscope.analysis.compare import percentile_deltas
+from latscope.report import write_compare, write_report
 from latscope.report import html as report_html
 from latscope.report.html import headline, script_json
 from latscope.report.markdown import md, summary_markdown
@@ -172,3 +175,130 @@ def test_a_run_where_nothing_completed_says_so_instead_of_empty_plots(tmp_path, 
     assert "no request completed" in html and "connect" in html
     assert 'id="plot-spectrum"' not in html and "there is no spectrum" in html
     assert 'id="plot-latency-time"' not in html and 'id="plot-load-time"' in html  # the errors are still plotted
+
+
+# -- compare: every panel of the report with both runs ---------------------------------------------
+
+HOSTILE_REASON = "send lag p99 above 5 ms <script>alert(3)</script>"
+
+
+def _write_telemetry(run: Path, level: float) -> None:
+    """GPU and host CPU samples (a stand-in for NVML: this machine has no GPU), `level` apart per run."""
+    t = np.arange(0, 2, 0.25)
+    series = [("nvml", "0", "gpu_util_pct"), ("nvml", "0", "power_w"), ("host", "system", "cpu_pct"), ("host", "worker-0", "cpu_pct")]
+    results.write_table(run / results.TELEMETRY, {
+        "t_s": np.tile(t, len(series)), "source": [s for s, _, _ in series for _ in t], "device": [d for _, d, _ in series for _ in t],
+        "metric": [m for _, _, m in series for _ in t], "value": np.tile(np.linspace(10, 60, len(t)), len(series)) + level})
+
+
+@pytest.fixture(scope="module")
+def compare_runs(run_dir, tmp_path_factory) -> tuple[Path, Path]:
+    """(base: the module's run with telemetry, new: a run against a target that sends Server-Timing and a replica
+    id, with telemetry, marked degraded afterwards with a reason carrying markup)."""
+    tmp = tmp_path_factory.mktemp("compare")
+    base = tmp / "base"
+    shutil.copytree(run_dir, base)
+    _write_telemetry(base, 0)
+    _set_validity(base, "valid", [])  # as measured, it depends on how busy this machine was
+
+    async def timed(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({"ok": True}, headers={"Server-Timing": "queue;dur=0.4, compute;dur=1.5", "X-Replica-Id": "r1"})
+
+    app = web.Application()
+    app.router.add_post("/infer", timed)
+    with serve(app) as url:
+        scenario = scenario_from_dict({
+            "name": "html", "seed": 3, "target": {"url": url, "method": "POST", "path": "/infer", "timeout": 5},
+            "workload": {"body": {"inputs": [1]}, "classes": [{"name": "a", "weight": 1}, {"name": "b", "weight": 1}]},
+            "phases": [{"name": "w", "duration": 0.5, "warmup": True, "arrival": {"type": "constant", "rate": 20}},
+                       {"name": "main", "duration": 1.5, "arrival": {"type": "constant", "rate": 40}}],
+            "output": {"dir": str(tmp)}})
+        new = run_scenario(scenario, workers=1).run_dir
+    _write_telemetry(new, 20)
+    _set_validity(new, "degraded", [HOSTILE_REASON])
+    return base, new
+
+
+def _set_validity(run: Path, stamp: str, reasons: list[str]) -> None:
+    summary = json.loads((run / "summary.json").read_text())
+    summary.update(validity=stamp, validity_reasons=reasons)
+    (run / "summary.json").write_text(json.dumps(summary))
+
+
+def _figures(page: str) -> dict:
+    start = page.index('<script type="application/json" id="latscope-figures">') + len('<script type="application/json" id="latscope-figures">')
+    return json.loads(page[start:page.index("</script>", start)])["figures"]
+
+
+def _array(data) -> np.ndarray:
+    """A figure's data array: a list, or plotly's {"dtype", "bdata"} (base64) for a numpy one."""
+    if isinstance(data, dict):
+        return np.frombuffer(base64.b64decode(data["bdata"]), dtype=data["dtype"])
+    return np.asarray(data, float)
+
+
+def _names(figure: dict) -> set[str]:
+    return {t.get("name") for t in figure["data"]}
+
+
+def test_compare_draws_every_report_panel_with_both_runs(compare_runs, tmp_path):
+    base, new = compare_runs
+    html_path, _ = write_compare(base, new, tmp_path / "c.html", cdn=True)
+    page = html_path.read_text()
+    figures = _figures(page)
+    report_panels = set(_figures((base / "report.html").read_text())) | {"plot-gpu"}  # base's own report predates its telemetry
+    assert report_panels - {"plot-streaming"} <= set(figures), set(figures)  # no stream in these runs
+    assert {"all (base)", "a (base)", "all (new)", "b (new)"} <= _names(figures["plot-spectrum"])
+    assert {"p50 (base)", "p99.9 (base)", "p50 (new)", "p99.9 (new)"} <= _names(figures["plot-latency-time"])
+    assert {"offered (scheduled) (base)", "achieved (completed) (new)", "in flight (at interval end) (base)"} <= _names(figures["plot-load-time"])
+    assert {"nvml 0 (base)", "nvml 0 (new)"} <= _names(figures["plot-gpu"])
+    # The GPU lanes of both runs: the new run's samples are 20 above the base's at the same time.
+    power = {t["name"]: t for t in figures["plot-gpu"]["data"] if t["yaxis"] == "y2"}
+    assert power.keys() == {"nvml 0 (base)", "nvml 0 (new)"} and power["nvml 0 (base)"]["line"]["dash"] == "dash"
+    assert np.allclose(_array(power["nvml 0 (new)"]["y"]) - _array(power["nvml 0 (base)"]["y"]), 20)
+    assert {"send lag p99 (base)", "send lag p99 (new)", "CPU worker-0 (base)", "CPU worker-0 (new)",
+            "CPU whole machine (base)", "CPU whole machine (new)"} <= _names(figures["plot-generator"])
+    # Cold starts: one bar group per run on a two-level axis, and the table's rows labelled with their run.
+    bars = list(zip(*figures["plot-coldstart"]["data"][0]["x"]))
+    assert bars[0] == ("base", "run start<br>@ 0.0 s") and ("new", "new replica<br>r1<br>@ 0.0 s") in bars
+    assert [run for run, _ in bars] == ["base"] * 2 + ["new"] * 3  # base: run start, main; new: the same and replica r1
+    assert page.count("<td><b>base</b></td><td>run start @ 0.0 s") == 1 and page.count("<td><b>new</b></td><td>run start @ 0.0 s") == 1
+    assert "new replica r1" in page  # the new run's replica start, in its half of the table
+
+
+def test_compare_delta_table_lists_every_metric_and_class_grouped(compare_runs, tmp_path):
+    base, new = compare_runs
+    html_path, md_path = write_compare(base, new, tmp_path / "c.html", cdn=True)
+    table = html_path.read_text().split('<table class="deltas">')[1].split("</table>")[0]
+    deltas = percentile_deltas(load_run(base), load_run(new))
+    pairs = set(zip(deltas["metric"], deltas["class"]))
+    assert {("server.queue", "all"), ("server.compute", "a"), ("network", "b"), ("send_lag", "all"), ("service_time", "a")} <= pairs
+    rows = [r for r in table.split("</tr>") if "<td>" in r]
+    assert len(rows) == len(pairs)  # one row per metric × class, none left out
+    order = [r.split("<td>")[1].split("</td>")[0] for r in rows]  # each row's metric label, top to bottom
+    # Latency first, then where the time went (server parts by name), then replicas, then the generator.
+    assert [m for i, m in enumerate(order) if i == 0 or order[i - 1] != m] == [
+        "latency", "service time", "network", "server.compute", "server.queue", "latency per replica", "send lag", "event-loop lag"]
+    assert '<tr class="group"><th colspan="8">Where the time goes' in table and "Load generator health" in table
+    # server.queue exists in the new run only: one cell says so, with the new run's values (0.4 ms, as the target sent).
+    queue = next(r for r in rows if "<td>server.queue</td><td>all</td>" in r)
+    assert '<td class="only" colspan="6"><i>only in the new run:</i> p50 0.400 · p90 0.400' in queue, queue
+    latency = next(r for r in rows if "<td>latency</td><td>all</td>" in r)
+    assert latency.count("→") == 6 and "only in" not in latency
+    markdown = md_path.read_text()
+    assert "| server.queue | all | only in the new run: p50 0.400" in markdown and "| send lag | all | " in markdown
+
+
+def test_compare_header_stamps_each_run_and_says_when_the_comparison_is_weaker(compare_runs, tmp_path):
+    base, new = compare_runs
+    page = write_compare(base, new, tmp_path / "c.html", cdn=True)[0].read_text()
+    header = page.split("</header>")[0]
+    assert header.index('<span class="stamp valid">measurement valid</span>') < header.index(
+        '<span class="stamp degraded">measurement degraded</span>')  # base's stamp, then new's, each next to its name
+    assert header.index(f"<b>base</b> {base.name}") < header.index("stamp valid") < header.index(f"<b>new</b> {new.name}")
+    assert "This comparison is weaker:</b> the new run&#x27;s measurement is degraded (send lag p99 above 5 ms &lt;script&gt;" in header
+    assert "<script>alert(3)" not in page
+    assert "This comparison is weaker" in (tmp_path / "c.md").read_text()
+    same = write_compare(base, base, tmp_path / "same.html", cdn=True)[0].read_text()
+    assert "This comparison is weaker" not in same and same.split("</header>")[0].count('<span class="stamp valid">') == 2
