@@ -286,4 +286,4 @@ def counts_from_values(values_us: np.ndarray) -> np.ndarray:
     v = np.clip(np.rint(np.asarray(values_us, dtype=np.float64)), 0, HIGHEST_US).astype(np.int64)
     b = np.maximum(np.frexp(v.astype(np.float64))[1] - _SHIFT, 0)  # frexp's exponent is the bit length (< 2**53)
     idx = np.where(v < _SUB_COUNT, v, (b << _HALF_MAG) + (v >> b))
-    return np.bincount(idx, minlength=_COUNTS_LEN).astype(np.int64)
+    return np.bincount(idx, minlength=_COUNTS_LEN).astype(np.int64, copy=False)

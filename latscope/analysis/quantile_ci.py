@@ -22,10 +22,14 @@ Two sources of uncertainty, one interval each
    consecutive intervals (Künsch 1989) keeps that dependence. Block length: the AR(1) plug-in rule
    l = (3k/2)^(1/3) · (2ρ / (1 − ρ²))^(2/3) for the moving block bootstrap (Carlstein 1986,
    Bühlmann & Künsch 1999), with k intervals and ρ the lag-1 autocorrelation of the log per-interval
-   medians, clipped to [1, k/3]; ρ ≤ 0 gives l = 1 (intervals independent). B = 2000 resamples
-   from a fixed seed, so a verdict is reproducible; the percentile interval of the resampled
-   quantiles is used. Each resample's quantile is found with a vectorised binary search over the
-   per-interval cumulative counts, so no resampled histogram is ever materialised.
+   medians (bias-corrected, Kendall 1954: + (1 + 3ρ)/k), clipped to [1, k/3]; ρ ≤ 0 gives l = 1 (intervals independent). B = 2000 resamples
+   from a fixed seed, so a verdict is reproducible. Each resample's quantile is found with a
+   vectorised binary search over the per-interval cumulative counts, so no resampled histogram is
+   ever materialised. The interval is log q ± t(ν) · sd(log q*), with ν = k/l − 1 the independent
+   blocks less one: with a strongly autocorrelated run there are only a handful of independent
+   blocks, a percentile bootstrap is then too narrow (it measured 4.5 % A/A failures on an AR(1)
+   level, see the tests), and the Student-t multiplier is the usual small-sample correction
+   (it measured 1 %).
 
 The interval reported for a run is, on each side, the wider of the two: the binomial interval is
 exact for independent samples, the bootstrap captures dependence (and, with few intervals, can be
@@ -149,6 +153,7 @@ def block_length(counts: np.ndarray, highest: np.ndarray) -> int:
     if denom == 0:
         return 1
     rho = float((x[1:] * x[:-1]).sum() / denom)
+    rho += (1 + 3 * rho) / k  # Kendall's first-order correction: the sample ρ is biased low by ~(1 + 3ρ)/k
     if rho <= 0:
         return 1
     rho = min(rho, 0.95)
@@ -172,7 +177,6 @@ def resampled_quantiles(cum: np.ndarray, weights: np.ndarray, p: float, highest:
     target = hdr_rank(n_star, p)
     lo = np.zeros(len(weights), dtype=np.int64)
     hi = np.full(len(weights), cum.shape[1] - 1, dtype=np.int64)
-    rows = np.arange(len(weights))
     while True:
         active = lo < hi
         if not active.any():
@@ -181,7 +185,6 @@ def resampled_quantiles(cum: np.ndarray, weights: np.ndarray, p: float, highest:
         reached = np.einsum("bk,kb->b", weights, cum[:, mid]) >= target
         hi = np.where(active & reached, mid, hi)
         lo = np.where(active & ~reached, mid + 1, lo)
-    del rows
     return highest[lo]
 
 
@@ -223,9 +226,13 @@ def dof(k: int, block_len: int) -> int:
 
 @lru_cache(maxsize=256)
 def t_quantile(q: float, nu: int) -> float:
-    """Student's t quantile (0.5 < q < 0.9999) by integrating its density on a fine grid (scipy is
-    not a runtime dependency; this is accurate to ~1e-6 for q ≤ 0.9999 and nu ≥ 1)."""
-    x = np.linspace(0.0, 700.0, 1_400_001)
+    """Student's t quantile for 0.5 < q ≤ 0.9999 (scipy is not a runtime dependency): closed forms
+    for nu = 1, 2; otherwise the density integrated on a fine grid (accurate to ~1e-6)."""
+    if nu == 1:
+        return math.tan(math.pi * (q - 0.5))
+    if nu == 2:
+        return (2 * q - 1) / math.sqrt(2 * q * (1 - q))
+    x = np.linspace(0.0, 60.0, 240_001)  # t(3) at 0.9999 is 22.2
     log_c = math.lgamma((nu + 1) / 2) - math.lgamma(nu / 2) - 0.5 * math.log(nu * math.pi)
     pdf = np.exp(log_c - (nu + 1) / 2 * np.log1p(x * x / nu))
     cdf = 0.5 + np.concatenate(([0.0], np.cumsum((pdf[1:] + pdf[:-1]) / 2) * (x[1] - x[0])))
