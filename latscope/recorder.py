@@ -280,10 +280,14 @@ def bucket_bounds(h: HdrHistogram) -> tuple[np.ndarray, np.ndarray]:
     return lowest, highest
 
 
-def counts_from_values(values_us: np.ndarray) -> np.ndarray:
-    """The counts array that recording `values_us` (µs, clamped into [0, HIGHEST_US], rounded) one by one
-    into a new_histogram() would give — vectorised, for synthetic histograms in tests and benchmarks."""
+def bucket_indices(values_us: np.ndarray) -> np.ndarray:
+    """Counts-array index of each value (µs; clamped into [0, HIGHEST_US], rounded), vectorised."""
     v = np.clip(np.rint(np.asarray(values_us, dtype=np.float64)), 0, HIGHEST_US).astype(np.int64)
     b = np.maximum(np.frexp(v.astype(np.float64))[1] - _SHIFT, 0)  # frexp's exponent is the bit length (< 2**53)
-    idx = np.where(v < _SUB_COUNT, v, (b << _HALF_MAG) + (v >> b))
-    return np.bincount(idx, minlength=_COUNTS_LEN).astype(np.int64, copy=False)
+    return np.where(v < _SUB_COUNT, v, (b << _HALF_MAG) + (v >> b))
+
+
+def counts_from_values(values_us: np.ndarray) -> np.ndarray:
+    """The counts array that recording `values_us` one by one into a new_histogram() would give —
+    vectorised, for synthetic histograms in tests and benchmarks."""
+    return np.bincount(bucket_indices(np.ravel(values_us)), minlength=_COUNTS_LEN).astype(np.int64, copy=False)

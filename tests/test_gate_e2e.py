@@ -1,7 +1,7 @@
 """The CI gate end to end: `latscope run --gate` and `latscope gate` as subprocesses, against the real
 reference server that each run launches (scenarios/smoke.yaml, shortened, on a free port).
 
-Runs are short (8 s at 30 req/s, ~240 latencies), so the gate file checks p50 and p90 — p99 needs
+Runs are short (8 s at 60 req/s, ~480 latencies), so the gate file checks p50 and p90 — p99 needs
 n ≥ 1,000 and would rightly be inconclusive — with a 50 % budget: two runs on a machine shared with
 other work differ by more than sampling noise. The slowed server adds 50 ms to every response."""
 
@@ -35,6 +35,9 @@ def latscope(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout)
 
 
+# A one-layer encoder on one thread: a response costs well under a millisecond of CPU, so the
+# latencies compared depend little on what else the (shared, 2-core) machine is doing at the time.
+SERVER_FLAGS = "--threads 1 --layers 1"
 # This machine is shared with other work: the runs that should measure the server get generous
 # generator-lateness thresholds so that a busy CPU does not stamp them invalid; the overload run keeps
 # the defaults (10 ms send lag, 50 ms loop lag).
@@ -47,13 +50,13 @@ def run_args(out: Path, url: str | None, *sets: str, server_flags: str = "") -> 
     scenario launches itself (with `server_flags`) when url is None."""
     if url is None:
         port = free_port()
-        command = f"python -m reference_server serve --http-port {port} --grpc-port 0 {server_flags}".strip()
+        command = f"python -m reference_server serve --http-port {port} --grpc-port 0 {SERVER_FLAGS} {server_flags}".strip()
         target = [f"target.url=http://127.0.0.1:{port}", f"target.launch.command={command}",
                   f"target.launch.ready_url=http://127.0.0.1:{port}/v2/health/ready"]
     else:
         target = [f"target.url={url}", "target.launch=null"]
     args = ["run", str(REPO / "scenarios" / "smoke.yaml"), "--quiet", "--workers", "1", "--out", str(out)]
-    for s in (*target, "phases.0.duration=1s", "phases.1.duration=8s", "phases.1.arrival.rate=30", "limits.timer=coarse",
+    for s in (*target, "phases.0.duration=1s", "phases.1.duration=8s", "phases.1.arrival.rate=60", "limits.timer=coarse", "output.interval=0.25s",
               # generous absolute SLO: these runs are about regressions; the breach case tightens it
               "slos=[{metric: latency, class: all, stat: p99, limit_ms: 2000}]", *sets):
         args += ["--set", s]
@@ -64,7 +67,8 @@ def run_args(out: Path, url: str | None, *sets: str, server_flags: str = "") -> 
 def server() -> str:
     """One reference server for the runs of the same build (the slowed one launches its own)."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "reference_server", "serve", "--http-port", str(port), "--grpc-port", "0"],
+    proc = subprocess.Popen([sys.executable, "-m", "reference_server", "serve", "--http-port", str(port), "--grpc-port", "0",
+                             *SERVER_FLAGS.split()],
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60

@@ -14,9 +14,10 @@ import pytest
 
 from latscope.analysis.gate import FAIL, INCONCLUSIVE, PASS, decide
 from latscope.analysis.quantile_ci import binomial_ranks, block_length, quantile_ci, ratio_ci, t_quantile
-from latscope.recorder import bucket_bounds, counts_from_values, new_histogram, values_at
+from latscope.recorder import bucket_bounds, bucket_indices, counts_from_values, new_histogram, values_at
 
 LOWEST, HIGHEST = bucket_bounds(new_histogram())
+WIDTH = len(LOWEST)
 MEDIAN_US, SIGMA = 20_000.0, 0.5  # lognormal latency: median 20 ms, p99 ≈ 64 ms
 Z99 = 2.3263478740408408
 TRUE_P99 = MEDIAN_US * math.exp(SIGMA * Z99)
@@ -36,7 +37,14 @@ def run(rng: np.random.Generator, n: int, k: int, scale: float = 1.0, ar: tuple[
         for t in range(1, k):
             s[t] = phi * s[t - 1] + rng.normal(0, sd * math.sqrt(1 - phi * phi))
         x *= np.exp(s)[:, None]
-    return np.stack([counts_from_values(row) for row in x])
+    return interval_counts(x)
+
+
+def interval_counts(x: np.ndarray) -> np.ndarray:
+    """k × buckets counts of a k × m array of latencies (µs), with one bincount for all rows."""
+    k, m = x.shape
+    rows = np.repeat(np.arange(k), m)
+    return np.bincount(rows * WIDTH + bucket_indices(x.ravel()), minlength=k * WIDTH).reshape(k, WIDTH)
 
 
 def gate_p99(a: np.ndarray, b: np.ndarray, bootstrap: bool = True) -> str:
@@ -59,6 +67,18 @@ def test_t_quantile_matches_tables():
     assert t_quantile(0.99, 3) == pytest.approx(4.5407, abs=1e-3)
     assert t_quantile(0.99, 1000) == pytest.approx(2.3301, abs=1e-3)
     assert t_quantile(0.99, 1) == pytest.approx(31.8205, abs=1e-3) and t_quantile(0.99, 2) == pytest.approx(6.9646, abs=1e-3)
+
+
+def test_synthetic_counts_are_what_the_histogram_records():
+    rng = np.random.default_rng(2)
+    x = rng.lognormal(math.log(MEDIAN_US), 2.0, size=(3, 2000))
+    hists = [new_histogram() for _ in range(3)]
+    for h, row in zip(hists, x):
+        for v in row.tolist():
+            h.record_value(int(round(v)))
+    from latscope.recorder import counts_of
+
+    assert (interval_counts(x) == np.stack([counts_of(h) for h in hists])).all()
 
 
 def test_point_estimate_is_the_hdr_percentile():
@@ -118,7 +138,7 @@ def test_block_bootstrap_keeps_a_a_honest_under_autocorrelation():
     same-build pairs often; with the block bootstrap the false failures stay within budget and the
     gate says 'inconclusive' where the run is too noisy to judge a 10 % budget."""
     rng = np.random.default_rng(41)
-    pairs = [(run(rng, 30_000, 60, ar=(0.8, 0.15)), run(rng, 30_000, 60, ar=(0.8, 0.15))) for _ in range(200)]
+    pairs = [(run(rng, 30_000, 40, ar=(0.8, 0.15)), run(rng, 30_000, 40, ar=(0.8, 0.15))) for _ in range(200)]
     with_boot = [gate_p99(a, b) for a, b in pairs]
     binomial_only = [gate_p99(a, b, bootstrap=False) for a, b in pairs]
     print(f"A/A AR(1): block bootstrap {with_boot.count(FAIL)}/200 fail ({with_boot.count(INCONCLUSIVE)} inconclusive); "
@@ -135,7 +155,7 @@ def test_block_length_grows_with_autocorrelation():
 
 def _compact(counts: np.ndarray):
     used = np.flatnonzero(counts.sum(axis=0))
-    return counts[:, used], HIGHEST[used].astype(float)
+    return np.cumsum(counts[:, used], axis=1), HIGHEST[used].astype(float)
 
 
 def test_too_few_samples_beyond_the_percentile_is_inconclusive():
