@@ -5,7 +5,7 @@
 
 Every run is the same build: scenarios/smoke.yaml's request (the reference server's encoder),
 Poisson arrivals at `--rate` req/s for `--duration` s after a 2 s warm-up,
-against one reference server on 127.0.0.1. The runs are paired (1st with 2nd, 3rd with 4th, ...):
+against one reference server on 127.0.0.1 (`--server-flags`, default a one-layer encoder on one thread). The runs are paired (1st with 2nd, 3rd with 4th, ...):
 the first of a pair is the baseline, the second the "new build". Nothing changed, so any failure is
 a false alarm. Two gates judge each pair:
 
@@ -54,6 +54,9 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=30.0, help="measured seconds per run")
     ap.add_argument("--rate", type=float, default=100.0, help="req/s (Poisson)")
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--server-flags", default="--threads 1 --layers 1",
+                    help="reference server flags (default: a one-layer encoder on one thread, so that the 2-core "
+                         "machine's generator and server do not starve each other)")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
 
@@ -62,7 +65,7 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     rows, pairs = [], []
     with tempfile.TemporaryDirectory(prefix="gate_noise-") as tmp, server_process(
-        [sys.executable, "-m", "reference_server", "serve", "--http-port", str(port), "--grpc-port", "0"],
+        [sys.executable, "-m", "reference_server", "serve", "--http-port", str(port), "--grpc-port", "0", *args.server_flags.split()],
         f"{url}/v2/health/ready", Path(tmp) / "server.log",
     ):
         for i in range(args.pairs):
@@ -98,6 +101,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "pairs": args.pairs, "duration_s": args.duration, "rate_rps": args.rate, "workers": args.workers,
+        "server_flags": args.server_flags,
         "naive_false_failures": naive_fails, "latscope_false_failures": gate_fails,
         "latscope_inconclusive": gate_inconclusive, "machine": facts, "per_pair": pairs,
     }, indent=2, default=str) + "\n")

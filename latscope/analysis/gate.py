@@ -54,7 +54,7 @@ import yaml
 from latscope import results
 from latscope.analysis.quantile_ci import QuantileCI, RatioCI, interval_counts, quantile_ci, ratio_ci
 from latscope.analysis.verdicts import slo_verdicts
-from latscope.gate_file import GateFile, RegressionCheck, RegressionPolicy
+from latscope.gate_file import GateFile, RegressionPolicy
 from latscope.recorder import bucket_bounds, new_histogram
 from latscope.scenario import Slo
 
