@@ -175,12 +175,12 @@ def decide(new: QuantileCI, base: QuantileCI, tolerance: float, min_effect: floa
                                         f"{ci.tail_count:.1f} expected beyond it (need ≥ {MIN_TAIL}: n ≥ {math.ceil(MIN_TAIL / (1 - ci.p / 100)):,})")
     r = ratio_ci(new, base)
     if r.ratio > 1 + tolerance and r.low > 1 + min_effect:
-        return FAIL, r, f"over the {tolerance:.0%} budget and beyond the noise (ratio ≥ {r.low - 1:+.1%} with confidence)"
+        return FAIL, r, f"over the {tolerance:.0%} budget and beyond the noise (lower confidence bound {r.low - 1:+.1%})"
     if r.high > 1 + WIDE_FACTOR * tolerance:
         return INCONCLUSIVE, r, (f"too noisy to decide: the ratio could be up to {r.high - 1:+.0%}, so a regression of "
                                  f"{WIDE_FACTOR}× the {tolerance:.0%} budget cannot be ruled out — run longer or at a higher rate")
     if r.ratio > 1 + tolerance:
-        return PASS, r, f"over the {tolerance:.0%} budget but within the noise (ratio could be {r.low - 1:+.1%})"
+        return PASS, r, f"over the {tolerance:.0%} budget but within the noise (lower confidence bound {r.low - 1:+.1%})"
     return PASS, r, f"within the {tolerance:.0%} budget"
 
 
