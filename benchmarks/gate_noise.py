@@ -14,7 +14,8 @@ a false alarm. Two gates judge each pair:
 * latscope: `latscope gate NEW --baseline BASE` with the default policy (p50 and p99, 10 % budget,
   2 % false-failure budget): exit 3 is a false failure, exit 4 an honest "cannot decide", 0 a pass.
 
-Results: a table on stdout and benchmarks/results/gate_noise.json. Traffic goes to 127.0.0.1 only.
+Results: a table on stdout and benchmarks/results/gate_noise.json; the runs themselves stay under
+benchmarks/out/gate_noise-<UTC time>/ (git-ignored) to be gated again. Traffic goes to 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import argparse
 import json
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -64,7 +64,10 @@ def main() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     rows, pairs = [], []
-    with tempfile.TemporaryDirectory(prefix="gate_noise-") as tmp, server_process(
+    keep = REPO / "benchmarks" / "out" / f"gate_noise-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"  # git-ignored
+    keep.mkdir(parents=True, exist_ok=True)
+    tmp = str(keep)
+    with server_process(
         [sys.executable, "-m", "reference_server", "serve", "--http-port", str(port), "--grpc-port", "0", *args.server_flags.split()],
         f"{url}/v2/health/ready", Path(tmp) / "server.log",
     ):

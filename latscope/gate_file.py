@@ -9,6 +9,7 @@
       tolerance: 0.10           # a percentile may grow by up to 10 % ...
       min_effect: 0.02          # ... and a failure needs the CI's lower bound above +2 %
       alpha: 0.02               # false-failure budget of the whole gate (A/A), split over the checks
+      inconclusive_factor: 2    # inconclusive when a regression of 2× the tolerance cannot be ruled out
       checks:
         - {metric: latency, class: all, stat: p50}
         - {metric: latency, class: all, stat: p99, tolerance: 0.15}
@@ -51,6 +52,8 @@ class RegressionPolicy(_Model):
     tolerance: float = Field(0.10, gt=0)
     min_effect: float = Field(0.02, ge=0)
     alpha: float = Field(0.02, gt=0, lt=0.5)
+    # inconclusive when the ratio's upper confidence bound is above 1 + inconclusive_factor × tolerance
+    inconclusive_factor: float = Field(2.0, ge=1)
     checks: list[RegressionCheck] = Field(
         default_factory=lambda: [RegressionCheck(stat="p50"), RegressionCheck(stat="p99")], min_length=1
     )

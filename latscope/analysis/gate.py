@@ -20,7 +20,8 @@ level 1 − 2a with a = alpha / (number of regression checks).
   percentile, so it is not measured (p99 needs n ≥ 1,000, p99.9 n ≥ 10,000).
 * **fail** when r > 1 + τ (over the budget) AND L > 1 + δ (beyond the noise, by a minimum effect).
 * **inconclusive** otherwise when U > 1 + 2τ: the runs are too noisy to rule out a regression of
-  twice the budget, so a pass would mean nothing. Run longer or at a higher rate.
+  twice the budget, so a pass would mean nothing. Run longer or at a higher rate. (The factor 2 is
+  the gate file's `inconclusive_factor`; p99 over a 10 % budget needs a few dozen values beyond it.)
 * **pass** otherwise: no regression over the budget was detected, and one of twice the budget would
   have been ruled out.
 
@@ -59,7 +60,7 @@ from latscope.recorder import bucket_bounds, new_histogram
 from latscope.scenario import Slo
 
 MIN_TAIL = 10  # values expected beyond a percentile, n·(1 − p), for it to be gated at all
-WIDE_FACTOR = 2  # inconclusive when the ratio's upper bound exceeds 1 + WIDE_FACTOR·τ
+WIDE_FACTOR = 2.0  # default: inconclusive when the ratio's upper bound exceeds 1 + WIDE_FACTOR·τ (gate file: inconclusive_factor)
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 OUTCOMES = ("pass", "slo_breach", "regression", "inconclusive", "invalid")
@@ -167,7 +168,8 @@ def slo_checks(summary: dict, slos: list[Slo]) -> list[Check]:
     return checks
 
 
-def decide(new: QuantileCI, base: QuantileCI, tolerance: float, min_effect: float) -> tuple[str, RatioCI | None, str]:
+def decide(new: QuantileCI, base: QuantileCI, tolerance: float, min_effect: float,
+           inconclusive_factor: float = WIDE_FACTOR) -> tuple[str, RatioCI | None, str]:
     """(status, ratio interval, reason) for one percentile — the rule in the module docstring."""
     for ci, role in ((new, "new"), (base, "baseline")):
         if ci.tail_count < MIN_TAIL:
@@ -176,9 +178,9 @@ def decide(new: QuantileCI, base: QuantileCI, tolerance: float, min_effect: floa
     r = ratio_ci(new, base)
     if r.ratio > 1 + tolerance and r.low > 1 + min_effect:
         return FAIL, r, f"over the {tolerance:.0%} budget and beyond the noise (lower confidence bound {r.low - 1:+.1%})"
-    if r.high > 1 + WIDE_FACTOR * tolerance:
+    if r.high > 1 + inconclusive_factor * tolerance:
         return INCONCLUSIVE, r, (f"too noisy to decide: the ratio could be up to {r.high - 1:+.0%}, so a regression of "
-                                 f"{WIDE_FACTOR}× the {tolerance:.0%} budget cannot be ruled out — run longer or at a higher rate")
+                                 f"{inconclusive_factor:g}× the {tolerance:.0%} budget cannot be ruled out — run longer or at a higher rate")
     if r.ratio > 1 + tolerance:
         return PASS, r, f"over the {tolerance:.0%} budget but within the noise (lower confidence bound {r.low - 1:+.1%})"
     return PASS, r, f"within the {tolerance:.0%} budget"
@@ -207,7 +209,7 @@ def regression_checks(new: RunData, base: RunData, policy: RegressionPolicy) -> 
             continue
         q_new = quantile_ci(counts_new, lowest, highest, c.percentile, confidence)
         q_base = quantile_ci(counts_base, lowest, highest, c.percentile, confidence)
-        status, r, why = decide(q_new, q_base, tol, policy.min_effect)
+        status, r, why = decide(q_new, q_base, tol, policy.min_effect, policy.inconclusive_factor)
         level = f"{confidence:.0%}"
         text = (f"{name} {_ms(q_new.value_us)} ms [{level} CI {_ms(q_new.low_us)}–{_ms(q_new.high_us)}] vs baseline "
                 f"{_ms(q_base.value_us)} [{_ms(q_base.low_us)}–{_ms(q_base.high_us)}]")

@@ -26,7 +26,7 @@ Two sources of uncertainty, one interval each
    from a fixed seed, so a verdict is reproducible. Each resample's quantile is found with a
    vectorised binary search over the per-interval cumulative counts, so no resampled histogram is
    ever materialised. The interval is log q ± t(ν) · sd(log q*), with ν = k/l − 1 the independent
-   blocks less one: with a strongly autocorrelated run there are only a handful of independent
+   blocks less one, clipped to the range of values recorded: with a strongly autocorrelated run there are only a handful of independent
    blocks, a plain percentile bootstrap is then too narrow (same-build pairs with an AR(1) level,
    60 intervals, one-sided α = 1 %: 4.5 % failed), and the Student-t multiplier is the usual
    small-sample correction (same pairs: 1 % failed; tests/analysis/test_quantile_ci.py).
@@ -213,7 +213,9 @@ def quantile_ci(interval_counts: np.ndarray, lowest: np.ndarray, highest: np.nda
         w = block_weights(counts.shape[0], length, n_boot, rng)
         qs = resampled_quantiles(cum, w, p, high_v)
         spread = float(np.std(np.log(np.maximum(qs, 1.0)), ddof=1)) * t_quantile(1 - (1 - confidence) / 2, dof(counts.shape[0], length))
-        boot = (value * math.exp(-spread), value * math.exp(spread))
+        # within the values recorded, as the binomial interval is (a stall-ridden run's t-interval can
+        # otherwise reach microseconds and hours, which says no more than "anything seen")
+        boot = (max(value * math.exp(-spread), float(low_v[0])), min(value * math.exp(spread), float(high_v[-1])))
     low = min(b_low, boot[0]) if boot else b_low
     high = max(b_high, boot[1]) if boot else b_high
     return QuantileCI(p, n, value, low, high, (b_low, b_high), boot, length, confidence)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from latscope.analysis.gate import FAIL, INCONCLUSIVE, PASS, decide
-from latscope.analysis.quantile_ci import binomial_ranks, block_length, quantile_ci, ratio_ci, t_quantile
+from latscope.analysis.quantile_ci import QuantileCI, binomial_ranks, block_length, quantile_ci, ratio_ci, t_quantile
 from latscope.recorder import bucket_bounds, bucket_indices, counts_from_values, new_histogram, values_at
 
 LOWEST, HIGHEST = bucket_bounds(new_histogram())
@@ -175,3 +175,21 @@ def test_ratio_interval_is_mover():
     assert r.ratio == pytest.approx(b.value_us / a.value_us)
     assert r.low == pytest.approx(r.ratio * math.exp(-down))
     assert r.low < 1.3 < r.high
+
+
+def test_inconclusive_factor_sets_how_wide_is_too_wide():
+    def ci(value: float, low: float, high: float) -> QuantileCI:
+        return QuantileCI(99, 20_000, value, low, high, (low, high), None, 1, 0.96)
+
+    new, base = ci(100.0, 85.0, 125.0), ci(100.0, 85.0, 125.0)  # ratio 1, upper ≈ 1 + hypot(.22, .16) → +32 %
+    assert decide(new, base, TOL, MIN_EFFECT)[0] == INCONCLUSIVE  # 2 × 10 % cannot be ruled out
+    assert decide(new, base, TOL, MIN_EFFECT, inconclusive_factor=4)[0] == PASS
+
+
+def test_bootstrap_interval_stays_within_the_values_recorded():
+    rng = np.random.default_rng(8)
+    x = rng.lognormal(math.log(MEDIAN_US), SIGMA, size=(10, 300))
+    x[3] *= 200  # one interval of a 4-second stall
+    q = quantile_ci(interval_counts(x), LOWEST, HIGHEST, 99, 0.98)
+    assert q.bootstrap is not None
+    assert q.bootstrap[0] >= x.min() * 0.999 and q.bootstrap[1] <= x.max() * 1.001
