@@ -133,6 +133,8 @@ def run(scenario_file: Path, out: Path | None, overrides: tuple[str, ...], worke
     except (RunError, LatscopeError) as exc:
         _fail(str(exc), EXIT_RUN_ERROR)
     print_summary(console, result.summary, result.run_dir)
+    if (result.run_dir / "report.html").exists():
+        console.print(f"report: {result.run_dir / 'report.html'}", highlight=False, soft_wrap=True)
     if run_gate:
         sys.exit(_run_gate(result.run_dir, baseline, slo_file, junit, markdown))  # a partial run gates as invalid (4)
     sys.exit(EXIT_RUN_ERROR if result.summary["partial"] else EXIT_OK)
@@ -175,6 +177,52 @@ def schema() -> None:
     from latscope.scenario import scenario_json_schema
 
     click.echo(json.dumps(scenario_json_schema(), indent=2))
+
+
+def _results_dir(path: Path) -> Path:
+    """`path` when it holds a results directory's summary.json; exit 2 with a clear message otherwise."""
+    if not (path / "summary.json").is_file():
+        what = "does not exist" if not path.exists() else "is not a results directory (it has no summary.json)"
+        _fail(f"{path} {what}; give a directory written by `latscope run`, e.g. results/<scenario>-<time>/", EXIT_BAD_INPUT)
+    return path
+
+
+_cdn_option = click.option("--cdn", is_flag=True, help="Load plotly.js from its CDN (small file, needs the internet to view) instead of embedding it.")
+
+
+@main.command()
+@click.argument("results_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), help="HTML file (default: RESULTS_DIR/report.html; the Markdown summary goes next to it).")
+@_cdn_option
+def report(results_dir: Path, out: Path | None, cdn: bool) -> None:
+    """Write the HTML report and summary.md of RESULTS_DIR."""
+    from latscope.report import write_report
+
+    try:
+        html_path, md_path = write_report(_results_dir(results_dir), out, cdn=cdn)
+    except LatscopeError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    except OSError as exc:  # -o in a folder that cannot be written, a full disk
+        _fail(f"cannot write {exc.filename or 'the report'}: {exc.strerror or exc}", EXIT_BAD_INPUT)
+    click.echo(f"report: {html_path}\nsummary: {md_path}")
+
+
+@main.command()
+@click.argument("base_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("new_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), help="HTML file (default: NEW_DIR/compare.html; a Markdown delta table goes next to it).")
+@_cdn_option
+def compare(base_dir: Path, new_dir: Path, out: Path | None, cdn: bool) -> None:
+    """Compare two results directories: overlaid panels and percentile deltas."""
+    from latscope.report import write_compare
+
+    try:
+        html_path, md_path = write_compare(_results_dir(base_dir), _results_dir(new_dir), out, cdn=cdn)
+    except LatscopeError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    except OSError as exc:  # -o in a folder that cannot be written, a full disk
+        _fail(f"cannot write {exc.filename or 'the report'}: {exc.strerror or exc}", EXIT_BAD_INPUT)
+    click.echo(f"comparison: {html_path}\nsummary: {md_path}")
 
 
 if __name__ == "__main__":

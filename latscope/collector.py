@@ -12,7 +12,7 @@ from collections import defaultdict
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
-from latscope.engine import COUNTERS, ERROR_INDEX
+from latscope.engine import COUNTERS, ERROR_INDEX, REPLICA_METRIC
 from latscope.hlog import HlogWriter
 from latscope.plan import Plan
 from latscope.recorder import from_sparse, new_histogram, summarize
@@ -106,14 +106,19 @@ class Collector:
         self.last_interval = {"scheduled": scheduled[ALL], **{n: int(per_class[ALL][i]) for i, n in enumerate(COUNTERS)}}
         interval.setdefault("latency", {})  # one latency row per class even when nothing completed
         for metric, by_class in interval.items():
-            classes = with_all(by_class) if by_class else {}
-            for name in (*self.plan.class_names, ALL):
+            if metric == REPLICA_METRIC:  # classes are replica ids; their "all" would repeat latency's
+                classes, names = by_class, sorted(by_class)
+            else:
+                classes, names = (with_all(by_class) if by_class else {}), (*self.plan.class_names, ALL)
+            for name in names:
                 if metric != "latency" and name not in classes:
                     continue
                 h = classes.get(name)
                 if h is not None and self.hlog is not None:
                     self.hlog.write(f"{metric}/{name}", start, self.interval_s, h)
-                c = per_class[name] if name in per_class else np.zeros(len(COUNTERS), np.int64)
+                # a replica row has no counters of its own (they are per workload class): zeros
+                own = name in per_class and metric != REPLICA_METRIC
+                c = per_class[name] if own else np.zeros(len(COUNTERS), np.int64)
                 stats = summarize(h) if h is not None else {"count": 0}
                 self.rows.append(
                     {
@@ -137,7 +142,10 @@ class Collector:
         return ""
 
     def totals_with_all(self) -> dict[str, dict[str, HdrHistogram]]:
-        return {metric: with_all(by_class) for metric, by_class in self.totals.items()}
+        return {
+            metric: dict(by_class) if metric == REPLICA_METRIC else with_all(by_class)
+            for metric, by_class in self.totals.items()
+        }
 
     def latency_so_far(self) -> dict:
         """Latency over all classes so far (for live progress)."""

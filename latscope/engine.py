@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import re
 import signal
 import time
 import traceback
@@ -48,6 +49,21 @@ YIELD_EVERY = 64  # when behind schedule, let responses be read at least this of
 # the intended time and polls the clock for the rest, yielding to the loop at each poll so responses
 # are still read on time. It costs up to rate x SPIN_NS of CPU per second; the coarse timer costs none.
 SPIN_NS = 1_000_000
+# Each replica's latency is also recorded under a metric of its own, class = the replica id (from the
+# response's X-Replica-Id), so that a replica the target added mid-run, and its cold first requests,
+# can be told apart from the rest. A target that put a fresh id on every response (say, a request id)
+# would make a histogram per response: past MAX_REPLICA_CLASSES ids (per worker), new ones share OTHER_REPLICAS.
+REPLICA_METRIC = "replica_latency"
+MAX_REPLICA_CLASSES = 64
+OTHER_REPLICAS = "_other"
+_TAG_UNSAFE = re.compile(r"[,\s/]+")
+
+
+def replica_class(replica: str) -> str:
+    """A replica id as an hlog-tag-safe class name: runs of ',', '/' and whitespace become '_'
+    (hlog tags may hold neither ',' nor whitespace, and '/' separates metric from class), at most
+    100 characters."""
+    return _TAG_UNSAFE.sub("_", replica)[:100] or "_"
 
 
 @dataclass(frozen=True)
@@ -98,7 +114,7 @@ class Engine:
         self.counters: dict[tuple[int, bool], list[int]] = {}
         self.error_examples: dict[str, list[str]] = {}
         self.replicas_new: dict[str, int] = {}  # replica id -> perf_counter_ns of its first response, since the last report
-        self._replicas_seen: set[str] = set()
+        self._replica_classes: dict[str, str] = {}  # replica id -> its class under REPLICA_METRIC
         self.in_flight = 0
         self.consumed = 0  # how many of this worker's planned requests were sent, dropped or skipped
         self.stopping = False
@@ -187,12 +203,15 @@ class Engine:
         name, warm = self.class_names[request.cls], request.warmup
         record = self.recorder.record
         record("send_lag", name, (outcome.sent_ns - request.intended_ns) // 1000, warm)
-        if outcome.replica is not None and outcome.replica not in self._replicas_seen:
-            self._replicas_seen.add(outcome.replica)
-            self.replicas_new[outcome.replica] = outcome.end_ns
+        replica = outcome.replica
+        if replica is not None:
+            replica = self._replica_classes.get(replica) or self._first_seen(replica, outcome.end_ns)
         if outcome.error is None:
             self._count(request.cls, warm, COMPLETED)
-            record("latency", name, (outcome.end_ns - request.intended_ns) // 1000, warm)
+            latency_us = (outcome.end_ns - request.intended_ns) // 1000
+            record("latency", name, latency_us, warm)
+            if replica is not None:
+                record(REPLICA_METRIC, replica, latency_us, warm)
             service_ns = outcome.end_ns - outcome.sent_ns
             record("service_time", name, service_ns // 1000, warm)
             if outcome.token_ns or outcome.output_tokens:
@@ -213,6 +232,13 @@ class Engine:
             examples = self.error_examples.setdefault(outcome.error, [])
             if len(examples) < MAX_ERROR_EXAMPLES and outcome.reason not in examples:
                 examples.append(outcome.reason)
+
+    def _first_seen(self, replica: str, end_ns: int) -> str:
+        """Note a replica's first response; its class under REPLICA_METRIC (see replica_class)."""
+        self.replicas_new[replica] = end_ns
+        cls = replica_class(replica) if len(self._replica_classes) < MAX_REPLICA_CLASSES else OTHER_REPLICAS
+        self._replica_classes[replica] = cls
+        return cls
 
     def _record_tokens(self, request: Request, outcome: Outcome, name: str) -> None:
         """Streams: TTFT from the intended time, every inter-token gap, TPOT. All: the token counters."""

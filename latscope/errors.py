@@ -11,3 +11,7 @@ class ScenarioError(LatscopeError):
 
 class RunError(LatscopeError):
     """The run could not be carried out (target would not start, workers died). Exit code 1."""
+
+
+class ResultsError(LatscopeError):
+    """A results directory (or one of its files) is missing or unreadable. The message names the file."""

@@ -31,15 +31,30 @@ its ``output_start_time`` is broken.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import ctypes
+import itertools
 import math
 import os
 import re
+import struct
 import time
+import zlib
 from typing import Callable, Iterator, TextIO
 
+import numpy as np
+from hdrh.codec import (
+    V2_COMPRESSION_COOKIE_BASE,
+    V2_ENCODING_COOKIE_BASE,
+    ext_header_size,
+    get_cookie_base,
+    payload_header_size,
+)
 from hdrh.histogram import HdrHistogram
+from pyhdrh import decode as varint_decode  # hdrh's own C varint decoder
 
-from latscope.recorder import decode, encode
+from latscope.recorder import decode, encode, merge, new_histogram
 
 FORMAT_VERSION = "1.3"
 LEGEND = '"StartTimestamp","Interval_Length","Interval_Max","Interval_Compressed_Histogram"'
@@ -162,3 +177,84 @@ def read_hlog(
 ) -> Iterator[tuple[str | None, float, float, HdrHistogram]]:
     """(tag, start_s relative to the log's StartTime, length_s, histogram) for each interval; see HlogReader."""
     return iter(HlogReader(path, strict, want))
+
+
+# -- reading a latscope log fast -------------------------------------------------------------------
+#
+# hdrh's decode() builds a whole HdrHistogram per interval: two fresh 184 KiB counter arrays, and
+# page faults on first touch; that is ~90% of the time of reading an hour's log. A log written by
+# latscope (BaseTime == StartTime, our histogram layout) is read here instead with hdrh's own
+# pieces (its wire-format headers and pyhdrh's varint decoder) into one reused counter array, of
+# which only the non-zero counters are kept. Anything else goes through read_hlog, the
+# reference reader; tests check that both give the same counters.
+
+Sparse = tuple[np.ndarray, np.ndarray]  # (counts-array indices int32, counts int64)
+_LAYOUT = new_histogram()
+_COUNTS_LEN = _LAYOUT.counts_len
+_OUR_LAYOUT = (_LAYOUT.lowest_trackable_value, _LAYOUT.highest_trackable_value, _LAYOUT.significant_figures, 0)
+
+
+def read_sparse(path: str | os.PathLike, prefix: str) -> Iterator[tuple[str, float, float, Sparse]]:
+    """(tag, start_s relative to StartTime, length_s, sparse counters) of the intervals whose tag
+    starts with `prefix`, in file order. ValueError naming the line for a malformed one."""
+    with open(path, encoding="utf-8") as f:
+        times: dict[str, float] = {}
+        number, line = 0, ""
+        for number, line in enumerate(f, 1):  # the header: comments up to the legend or first interval
+            if not line.startswith("#"):
+                break
+            for key, pattern in (("start", _START_TIME), ("base", _BASE_TIME)):
+                if m := pattern.match(line):
+                    times[key] = float(m.group(1))
+        if "start" in times and times.get("start") == times.get("base"):  # written by latscope
+            wanted = "Tag=" + prefix
+            scratch = (ctypes.c_int64 * _COUNTS_LEN)()  # one per call: readers in threads do not share it
+            for number, line in itertools.chain([(number, line)], enumerate(f, number + 1)):
+                if not line.startswith(wanted):
+                    continue
+                try:
+                    tag, start_s, length_s, _max, blob = line[4:].split(",", 4)
+                    yield tag, float(start_s), float(length_s), _sparse(blob.strip(), scratch)
+                except (ValueError, zlib.error, binascii.Error, struct.error) as exc:
+                    raise ValueError(f"{path}:{number}: malformed interval line ({exc})") from None
+            return
+    # another writer's log: the reference reader knows its cases
+    for tag, start_s, length_s, h in read_hlog(path, want=lambda tag: tag is not None and tag.startswith(prefix)):
+        yield tag, start_s, length_s, _sparse_of(h)
+
+
+_OUTER = struct.Struct(">II")  # hdrh.codec.ExternalHeader: cookie, length
+_INNER = struct.Struct(">IIIIQQd")  # hdrh.codec.PayloadHeader: cookie, payload_len, normalizing_index_offset,
+#                                     significant_figures, lowest, highest, conversion_ratio_bits
+assert _OUTER.size == ext_header_size and _INNER.size == payload_header_size
+
+
+def _sparse(blob: str, scratch: ctypes.Array) -> Sparse:
+    """A V2 compressed histogram blob's non-zero counters (see above), decoded through `scratch`
+    (a zeroed counter array, left zeroed); one of another layout is decoded by hdrh and re-bucketed
+    into ours."""
+    raw = base64.b64decode(blob, validate=True)
+    cookie, length = _OUTER.unpack_from(raw)
+    if get_cookie_base(cookie) == V2_COMPRESSION_COOKIE_BASE and length == len(raw) - ext_header_size:
+        data = zlib.decompress(raw[ext_header_size:])
+        cookie, payload_len, offset, figures, lowest, highest, _ = _INNER.unpack_from(data)
+        if (get_cookie_base(cookie) == V2_ENCODING_COOKIE_BASE and (lowest, highest, figures, offset) == _OUR_LAYOUT
+                and payload_len == len(data) - payload_header_size):
+            found = varint_decode(data, payload_header_size, ctypes.addressof(scratch), _COUNTS_LEN, 8)
+            if not found["total"]:
+                return np.zeros(0, np.int32), np.zeros(0, np.int64)
+            lo, hi = found["min_nonzero_index"], found["max_nonzero_index"] + 1
+            window = np.ctypeslib.as_array(scratch)[lo:hi]
+            nz = np.flatnonzero(window != 0)  # via bool: ~5x faster than on the int64 counters
+            counts = window[nz].copy()
+            window[nz] = 0
+            return (nz + lo).astype(np.int32), counts
+    return _sparse_of(decode(blob))
+
+
+def _sparse_of(h: HdrHistogram) -> Sparse:
+    if h.counts_len != _COUNTS_LEN or h.unit_magnitude != _LAYOUT.unit_magnitude:
+        h = merge([h])  # another tool's layout: re-bucketed into ours
+    counts = np.ctypeslib.as_array(h.counts)
+    nz = np.flatnonzero(counts != 0)
+    return nz.astype(np.int32), counts[nz].astype(np.int64)

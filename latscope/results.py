@@ -5,6 +5,7 @@
       scenario.yaml       the resolved scenario, secrets redacted
       histograms.hlog     HdrHistogram interval log 1.3, one `Tag=metric/class` line per interval
       timeseries.parquet  one row per interval × metric × class
+      telemetry.parquet   one row per sample: t_s (run clock), source, device, metric, value (latscope/telemetry/)
       events.jsonl        run start/end, phases, target launch, aborts
       schedule.parquet    the realized schedule: intended offset, phase, class of every planned request
       target.log          output of a target the scenario launched
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -36,6 +38,7 @@ SUMMARY = "summary.json"
 SCENARIO = "scenario.yaml"
 HLOG = "histograms.hlog"
 TIMESERIES = "timeseries.parquet"
+TELEMETRY = "telemetry.parquet"
 EVENTS = "events.jsonl"
 SCHEDULE = "schedule.parquet"
 TARGET_LOG = "target.log"
@@ -97,6 +100,7 @@ class EventLog:
     def __init__(self, path: Path):
         self._f: TextIO = open(path, "a", encoding="utf-8")
         self.t0_ns: int | None = None
+        self._lock = threading.Lock()  # telemetry threads emit too (gaps), not only the run loop
 
     def emit(self, event: str, at_ns: int | None = None, **fields: Any) -> None:
         """Log `event` as happening now, or at perf_counter_ns `at_ns` (e.g. seen by a worker earlier)."""
@@ -109,11 +113,14 @@ class EventLog:
             "wall": wall.isoformat(timespec="milliseconds"),
             **fields,
         }
-        self._f.write(json.dumps(record) + "\n")
-        self._f.flush()
+        with self._lock:
+            if not self._f.closed:
+                self._f.write(json.dumps(record) + "\n")
+                self._f.flush()
 
     def close(self) -> None:
-        self._f.close()
+        with self._lock:
+            self._f.close()
 
 
 def read_summary(run_dir: str | Path) -> dict:

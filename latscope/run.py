@@ -10,6 +10,7 @@ written.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
 import platform
@@ -36,6 +37,7 @@ from latscope.records import ERROR_KINDS
 from latscope.recorder import summarize
 from latscope import results
 from latscope.scenario import Scenario, redacted_yaml
+from latscope.telemetry.session import Telemetry, worker_processes
 from latscope.workload import Payloads
 
 START_DELAY_S = 0.2  # between "all workers ready" and the first intended send
@@ -125,9 +127,23 @@ def run_scenario(
         finally:
             run.close()
     summary = run.write_summary(started_wall)
+    _write_report(run_dir)
     if run.failure:
         raise RunError(f"{run.failure}; partial results in {run_dir}")
     return RunResult(run_dir, summary)
+
+
+def _write_report(run_dir: Path) -> None:
+    """report.html and summary.md, partial runs included. A report that cannot be written is a
+    warning: the results directory is complete without it (`latscope report` can try again)."""
+    try:
+        from latscope.report import write_report
+
+        write_report(run_dir)
+    except Exception as exc:  # noqa: BLE001 - never lose a run's results to its report
+        logging.getLogger("latscope.report").warning(
+            "report not written (%s: %s); the results are complete, retry with: latscope report %s",
+            type(exc).__name__, exc, run_dir)
 
 
 class _Run:
@@ -147,11 +163,13 @@ class _Run:
         hlog_file = open(run_dir / f".{results.HLOG}.tmp", "w")
         self._hlog_file = hlog_file
         self.collector: Collector | None = None
+        self.telemetry: Telemetry | None = None
 
     # -- execution ----------------------------------------------------------------------------
 
     def execute(self, stop: _StopRequest) -> None:
         scenario = self.scenario
+        self.telemetry = Telemetry.from_config(scenario.telemetry, self.events, scenario.output.interval)
         if scenario.target.launch is not None:
             self.events.emit("target_launch")
             self.target = start_target(
@@ -175,6 +193,7 @@ class _Run:
             )
             process.start()
             self.processes.append(process)
+        self.telemetry.watch(worker_processes(self.processes))
         self._stop_event = stop_event
         if not self._wait_ready(queue, stop):
             return
@@ -183,6 +202,7 @@ class _Run:
         self.t0_wall = time.time() + START_DELAY_S
         t0_value.value = self.t0_ns
         self.events.t0_ns = self.t0_ns
+        self.telemetry.start(self.t0_ns)
         self.collector = Collector(
             self.workers, self.plan, scenario.output.interval, HlogWriter(self._hlog_file, self.t0_wall)
         )
@@ -249,6 +269,7 @@ class _Run:
     def _handle(self, message: dict) -> None:
         kind = message["type"]
         if kind == "interval":
+            self.telemetry.on_interval(message)
             before = self.collector.completed_intervals
             self.collector.add(message)
             for replica, first_ns in self.collector.new_replicas:
@@ -307,7 +328,10 @@ class _Run:
     # -- teardown and results ------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop workers and target; finish the interval log. Runs whatever happened before."""
+        """Stop telemetry, workers and target; finish the interval log and telemetry.parquet. Runs
+        whatever happened before."""
+        if self.telemetry is not None:
+            self.telemetry.stop()  # first: its samples end with the run, not after the teardown
         if self.processes:
             self._stop_event.set()
         for p in self.processes:
@@ -322,6 +346,8 @@ class _Run:
             self.collector.finish()
         self._hlog_file.close()
         os.replace(self._hlog_file.name, self.run_dir / results.HLOG)
+        if self.telemetry is not None:
+            self.telemetry.write(self.run_dir / results.TELEMETRY)
 
     def write_summary(self, started_wall: float) -> dict:
         c = self.collector
@@ -380,7 +406,7 @@ class _Run:
                 "platform": platform.platform(),
                 "host": socket.gethostname(),
                 "cpus": os.cpu_count(),
-                "gpus": [],
+                "gpus": self.telemetry.gpus if self.telemetry else [],
             },
         }
         results.write_json(self.run_dir / results.SUMMARY, summary)

@@ -67,12 +67,15 @@ __all__ = [
     "Output",
     "Phase",
     "PoissonArrival",
+    "PrometheusMetric",
+    "PrometheusSource",
     "RampArrival",
     "Scenario",
     "SpikeArrival",
     "Slo",
     "StepsArrival",
     "Target",
+    "Telemetry",
     "TensorSpec",
     "TraceArrival",
     "TraceLengths",
@@ -696,6 +699,88 @@ class Validity(_Model):
 
 
 # --------------------------------------------------------------------------------------------------
+# Telemetry (latscope/telemetry/)
+# --------------------------------------------------------------------------------------------------
+
+PROMETHEUS_MAPPINGS = ("dcgm", "triton", "reference-server")
+
+
+class PrometheusMetric(_Model):
+    """How one exported sample becomes a telemetry metric: its name in telemetry.parquet (one of
+    latscope.telemetry.METRICS for GPU metrics, or a name of its own), a scale, whether it is a
+    counter to turn into a per-second rate, the label naming the device, and how series of one
+    device combine."""
+
+    metric: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    scale: float = 1.0
+    rate: bool = False
+    device_label: str | None = None
+    aggregate: Literal["sum", "mean", "max"] = "sum"
+
+
+class PrometheusSource(_Model):
+    """A Prometheus endpoint scraped during the run (DCGM exporter, Triton, the reference server's
+    /metrics): a shipped mapping by name, or {exported name: PrometheusMetric}."""
+
+    name: str = Field("prometheus", pattern=r"^[A-Za-z0-9_.-]+$")  # the `source` column
+    url: str
+    # A shipped mapping's name or an inline {name: PrometheusMetric}; checked by _mapping (a pydantic
+    # union would report every failed branch of it).
+    mapping: Annotated[
+        str | dict[str, Any],
+        WithJsonSchema({"anyOf": [{"enum": list(PROMETHEUS_MAPPINGS)},
+                                  {"type": "object", "additionalProperties": PrometheusMetric.model_json_schema()}]}),
+    ] = "reference-server"
+    timeout: PositiveDuration = 2.0  # one scrape; a slower endpoint is a gap in its samples
+    interval: PositiveDuration | None = None  # default: telemetry.interval
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, url: str) -> str:
+        return _check_http_url(url)
+
+    @field_validator("mapping")
+    @classmethod
+    def _mapping(cls, mapping: str | dict) -> str | dict[str, PrometheusMetric]:
+        if isinstance(mapping, str):
+            if mapping not in PROMETHEUS_MAPPINGS:
+                raise ValueError(f"expected one of {', '.join(PROMETHEUS_MAPPINGS)} or an inline mapping")
+            return mapping
+        if not mapping:
+            raise ValueError(f"an inline mapping needs at least one metric (or name one of {', '.join(PROMETHEUS_MAPPINGS)})")
+        out = {}
+        for name, entry in mapping.items():
+            try:
+                out[name] = entry if isinstance(entry, PrometheusMetric) else PrometheusMetric.model_validate(entry)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(part) for part in first["loc"])
+                raise ValueError(f"{name}{'.' + where if where else ''}: {first['msg']}") from None
+        return out
+
+
+class Telemetry(_Model):
+    """What is sampled during the run, every `interval`: local GPUs through NVML (`auto`: when NVML
+    starts, else one warning; `true`: the run fails without it), latscope's own CPU, memory and
+    event-loop lag (`host`), and Prometheus endpoints."""
+
+    interval: Annotated[Duration, Field(ge=0.05)] = 0.25
+    nvml: Literal["auto", True, False] = "auto"
+    host: bool = True
+    prometheus: list[PrometheusSource] = []
+
+    @field_validator("prometheus")
+    @classmethod
+    def _unique_sources(cls, sources: list[PrometheusSource]) -> list[PrometheusSource]:
+        names = [s.name for s in sources]
+        _check_unique(names, "prometheus source")
+        for reserved in ("nvml", "host"):
+            if reserved in names:
+                raise ValueError(f"{reserved!r} is the name of a built-in telemetry source; name the prometheus source otherwise")
+        return sources
+
+
+# --------------------------------------------------------------------------------------------------
 # The scenario
 # --------------------------------------------------------------------------------------------------
 
@@ -738,6 +823,7 @@ class Scenario(_Model):
     slos: list[Slo] = []
     output: Output = Output()
     validity: Validity = Validity()
+    telemetry: Telemetry = Telemetry()
 
     # Set by the loader, not part of the schema. The base directory makes relative paths (trace
     # file, launch cwd) mean "next to the scenario file" wherever latscope is started from.
@@ -1322,7 +1408,8 @@ def redacted_yaml(scenario: Scenario) -> str:
                 value = re.sub(r"(\$\{[A-Za-z_][A-Za-z0-9_]*:-)[^}]+\}", rf"\g<1>{_REDACTED}}}", value)
         elif _is_secret_path(path) and isinstance(value, str):
             value = _REDACTED
-        if isinstance(value, str) and path in (("target", "url"), ("target", "launch", "ready_url")):
+        if isinstance(value, str) and (path in (("target", "url"), ("target", "launch", "ready_url"))
+                                       or path[:2] == ("telemetry", "prometheus") and path[-1:] == ("url",)):
             value = _redact_url(value)
         if isinstance(value, dict):
             return {k: visit(v, (*path, k)) for k, v in value.items()}

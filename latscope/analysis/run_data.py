@@ -1,0 +1,225 @@
+"""A results directory, loaded once for analysis: summary, events, time series, telemetry.
+
+Histograms are not loaded here (a long run holds tens of thousands of intervals): the functions
+that need them read only the metrics they use, with `metric_intervals`, which streams
+histograms.hlog, keeps each interval's non-zero counters only (a few hundred numbers instead of a
+184 KiB histogram: an hour at 1 s intervals and three classes stays in tens of MB, not GBs) and
+caches them on the RunData, so that the spectrum and the cold-start analysis decode a metric once.
+
+Warm-up, at interval granularity: an interval belongs to the phase its start falls in (as the
+collector labels timeseries.parquet's `phase`), and is a warm-up interval when that phase is one.
+An interval that straddles the end of a warm-up phase is therefore left out whole.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from hdrh.histogram import HdrHistogram
+
+from latscope import results
+from latscope.errors import ResultsError
+from latscope.hlog import read_sparse
+from latscope.recorder import from_sparse, new_histogram
+
+TELEMETRY = "telemetry.parquet"
+TELEMETRY_COLUMNS = ("t_s", "source", "device", "metric", "value")
+
+_LAYOUT = new_histogram()  # our histograms' layout, and a helper for index -> value lookups
+_COUNTS_LEN = _LAYOUT.counts_len
+
+
+@dataclass
+class ClassIntervals:
+    """One metric × class's interval histograms, compact: interval i holds the counters
+    `index[offsets[i]:offsets[i+1]]` (counts-array indices, ascending) with `count[...]`."""
+
+    start_s: np.ndarray  # float, interval starts on the run's clock, ascending
+    length_s: np.ndarray
+    offsets: np.ndarray  # int64, len(start_s) + 1
+    index: np.ndarray  # int32
+    count: np.ndarray  # int64
+
+    def __len__(self) -> int:
+        return len(self.start_s)
+
+    @property
+    def totals(self) -> np.ndarray:
+        """Values recorded in each interval."""
+        cum = np.concatenate(([0], np.cumsum(self.count)))
+        return cum[self.offsets[1:]] - cum[self.offsets[:-1]]
+
+    def merged(self, select: np.ndarray | None = None) -> HdrHistogram:
+        """The lossless merge of the selected intervals (a bool mask or positions; all when None)."""
+        if select is None:
+            index, count = self.index, self.count
+        else:
+            chosen = np.zeros(len(self), bool)
+            chosen[select] = True
+            mask = np.repeat(chosen, np.diff(self.offsets))
+            index, count = self.index[mask], self.count[mask]
+        # bincount sums in float64, exact for totals below 2**53
+        dense = np.bincount(index, weights=count, minlength=_COUNTS_LEN).astype(np.int64)
+        nz = np.flatnonzero(dense != 0)
+        return from_sparse(nz, dense[nz])
+
+    def span_percentile(self, p: float, first: int, last: int) -> float:
+        """The p-th percentile in µs of intervals first..last (positions, inclusive) merged, with
+        recorder.values_at's semantics, without building a histogram; NaN when they are empty."""
+        lo, hi = self.offsets[first], self.offsets[last + 1]
+        index, count = self.index[lo:hi], self.count[lo:hi]
+        if last > first:  # several intervals' counters: in value order for the cumulative count
+            order = np.argsort(index, kind="stable")
+            index, count = index[order], count[order]
+        cum = np.cumsum(count)
+        if not len(cum) or not cum[-1]:
+            return math.nan
+        target = max(1, int(p * int(cum[-1]) / 100 + 0.5))
+        value = _LAYOUT.get_value_from_index(int(index[int(np.searchsorted(cum, target, side="left"))]))
+        return float(_LAYOUT.get_highest_equivalent_value(value) if p else _LAYOUT.get_lowest_equivalent_value(value))
+
+
+@dataclass
+class RunData:
+    path: Path
+    summary: dict
+    events: list[dict]
+    timeseries: pd.DataFrame  # timeseries.parquet as written (interval_start_s is on the run's clock)
+    telemetry: pd.DataFrame  # telemetry.parquet, TELEMETRY_COLUMNS; empty (same columns) when the run has none
+    _intervals: dict = field(default_factory=dict, repr=False, compare=False)  # metric -> {class: ClassIntervals}
+
+    @property
+    def warmup_phases(self) -> set[str]:
+        return {p["name"] for p in self.summary.get("phases", []) if p.get("warmup")}
+
+    @property
+    def interval_s(self) -> float:
+        """The reporting interval (summary's generator.interval_s, else the time series')."""
+        value = self.summary.get("generator", {}).get("interval_s")
+        if value:
+            return float(value)
+        if "interval_s" in self.timeseries and len(self.timeseries):
+            return float(self.timeseries["interval_s"].iloc[0])
+        return 1.0
+
+    def phase_at(self, t_s: float) -> dict | None:
+        """The summary's phase that `t_s` (run clock) falls in; None outside every phase."""
+        for p in self.summary.get("phases", []):
+            if p["start_s"] <= t_s < p["start_s"] + p["duration_s"]:
+                return p
+        return None
+
+    def is_warmup(self, start_s: np.ndarray) -> np.ndarray:
+        """Per interval start: does it fall in a warm-up phase?"""
+        start_s = np.asarray(start_s, float)
+        out = np.zeros(len(start_s), bool)
+        for p in self.summary.get("phases", []):
+            if p.get("warmup"):
+                out |= (start_s >= p["start_s"]) & (start_s < p["start_s"] + p["duration_s"])
+        return out
+
+
+def load_run(path: str | Path) -> RunData:
+    """Everything but the histograms of the results directory at `path`. ResultsError (a
+    LatscopeError) naming the directory and the file when it is not a results directory or a file
+    is unreadable; a missing optional file (telemetry.parquet, events.jsonl) gives an empty one."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ResultsError(f"{path}: not a results directory (no such directory)")
+    summary_path = path / results.SUMMARY
+    if not summary_path.is_file():
+        raise ResultsError(f"{path}: not a results directory ({results.SUMMARY} is missing)")
+    try:
+        summary = json.loads(summary_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ResultsError(f"{summary_path}: unreadable ({exc})") from None
+    if not isinstance(summary, dict) or "schema_version" not in summary:
+        raise ResultsError(f"{summary_path}: not a latscope summary (no schema_version)")
+    if summary["schema_version"] > results.SCHEMA_VERSION:
+        raise ResultsError(f"{summary_path}: schema_version {summary['schema_version']} is newer than this "
+                           f"latscope reads ({results.SCHEMA_VERSION}); upgrade latscope")
+    return RunData(path, summary, _events(path / results.EVENTS), _timeseries(path / results.TIMESERIES),
+                   _telemetry(path / TELEMETRY))
+
+
+def _events(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise ResultsError(f"{path}: unreadable ({exc})") from None
+    events = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            events.append(json.loads(line))
+        except ValueError as exc:
+            if number == len(lines):  # the torn last line of a run that was killed
+                continue
+            raise ResultsError(f"{path}:{number}: not a JSON event ({exc})") from None
+    return events
+
+
+def _parquet(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds for a bad file
+        raise ResultsError(f"{path}: unreadable ({exc})") from None
+
+
+def _timeseries(path: Path) -> pd.DataFrame:
+    if not path.exists():
+        raise ResultsError(f"{path.parent}: incomplete results directory ({path.name} is missing)")
+    return _parquet(path)
+
+
+def _telemetry(path: Path) -> pd.DataFrame:
+    if not path.exists():
+        return pd.DataFrame({c: pd.Series(dtype=float if c in ("t_s", "value") else object) for c in TELEMETRY_COLUMNS})
+    frame = _parquet(path)
+    missing = [c for c in TELEMETRY_COLUMNS if c not in frame.columns]
+    if missing:
+        raise ResultsError(f"{path}: missing columns {', '.join(missing)}")
+    return frame
+
+
+def metric_intervals(run: RunData, metric: str) -> dict[str, ClassIntervals]:
+    """class -> that metric's interval histograms (warm-up included), decoded once per RunData.
+    {} when the metric has none; ResultsError naming histograms.hlog when it is missing or malformed."""
+    cached = run._intervals.get(metric)
+    if cached is not None:
+        return cached
+    path = run.path / results.HLOG
+    if not path.exists():
+        raise ResultsError(f"{path.parent}: incomplete results directory ({path.name} is missing)")
+    prefix = metric + "/"
+    parts: dict[str, tuple[list, list, list, list]] = {}
+    try:
+        for tag, start_s, length_s, (nz, counts) in read_sparse(path, prefix):
+            starts, lengths, indices, values = parts.setdefault(tag[len(prefix):], ([], [], [], []))
+            starts.append(start_s)
+            lengths.append(length_s)
+            indices.append(nz)
+            values.append(counts)
+    except (OSError, ValueError) as exc:
+        raise ResultsError(f"{path}: unreadable ({exc})") from None
+    out = {}
+    for cls, (starts, lengths, indices, values) in parts.items():
+        order = np.argsort(np.asarray(starts), kind="stable")
+        sizes = np.array([len(indices[i]) for i in order], np.int64)
+        out[cls] = ClassIntervals(
+            start_s=np.asarray(starts, float)[order],
+            length_s=np.asarray(lengths, float)[order],
+            offsets=np.concatenate(([0], np.cumsum(sizes))),
+            index=np.concatenate([indices[i] for i in order]) if len(order) else np.zeros(0, np.int32),
+            count=np.concatenate([values[i] for i in order]) if len(order) else np.zeros(0, np.int64),
+        )
+    run._intervals[metric] = out
+    return out

@@ -1,0 +1,59 @@
+"""summary.md: the run in a few lines of GitHub-flavoured Markdown, for pasting into a PR or a chat.
+
+Text from a scenario or a target is HTML-escaped (GitHub renders inline HTML) and has Markdown's
+punctuation backslash-escaped, so a class or an error message can neither inject markup nor break a
+table row.
+"""
+
+from __future__ import annotations
+
+import re
+
+from latscope.report.html import METRIC_LABELS, PERCENTILE_COLUMNS, TABLE_METRICS, fmt_ms, headline
+
+# What can start markup inside a line of a table cell or a bold headline. Line-start syntax (#, -, 1.,
+# >) cannot occur: an escaped value never begins a line. Kept minimal so the text still reads well
+# where Markdown is not rendered (a chat).
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
+
+
+def md(value: object) -> str:
+    """Text from a scenario or a target, inert in Markdown and HTML, on one line: '&' and '<' as
+    entities (no tag or entity can start), Markdown's inline punctuation backslash-escaped."""
+    text = " ".join(str(value).split()).replace("&", "&amp;").replace("<", "&lt;")
+    return _MD_SPECIAL.sub(r"\\\1", text)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|",
+            *("| " + " | ".join(row) + " |" for row in rows)]
+
+
+def summary_markdown(summary: dict, report_name: str | None = "report.html") -> str:
+    s = summary
+    lines = [f"### latscope · {md(s.get('scenario', '?'))} · {md(s.get('started_at', ''))}", "", f"**{md(headline(s))}**", ""]
+    reasons = s.get("validity_reasons") or []
+    lines.append(f"Measurement **{md(s.get('validity', 'unknown'))}**" + (": " + "; ".join(md(r) for r in reasons) if reasons else "") + ".")
+    t, r = s.get("throughput", {}), s.get("requests", {})
+    lines += ["", f"Throughput: offered {t.get('offered_rps', 0):,.1f} req/s, achieved {t.get('achieved_rps', 0):,.1f} req/s "
+              f"over {t.get('measured_window_s', 0):,.1f} s; {r.get('sent', 0):,} sent, {r.get('completed', 0):,} completed, "
+              f"{r.get('errors', 0):,} errors, {r.get('dropped', 0):,} dropped."]
+    slos = s.get("slo") or []
+    if slos:
+        lines += ["", *_table(["SLO", "metric", "class", "stat", "measured ms", "limit ms"], [
+            ["✅ met" if x.get("passed") else "❌ missed", md(METRIC_LABELS.get(x["metric"], x["metric"])), md(x["class"]),
+             md(str(x["stat"]).removesuffix("_ms")), fmt_ms(x.get("value")), fmt_ms(x.get("limit"))] for x in slos])]
+    rows = [[md(METRIC_LABELS.get(m, m)), md(cls), f"{st.get('count', 0):,}", *(fmt_ms(st.get(k)) for k, _ in PERCENTILE_COLUMNS)]
+            for m in TABLE_METRICS for cls, st in s.get("metrics", {}).get(m, {}).items()]
+    if rows:
+        lines += ["", *_table(["metric", "class", "count", *(f"{label} ms" for _, label in PERCENTILE_COLUMNS)], rows)]
+    errors = {k: v for k, v in (s.get("errors") or {}).items() if v}
+    if errors:
+        examples = s.get("error_examples") or {}
+        lines += ["", *_table(["error", "count", "example"], [
+            [md(k), f"{v:,}", md(examples.get(k, [""])[0])[:300]] for k, v in errors.items()])]
+    if s.get("partial"):
+        lines += ["", f"⚠️ Partial run: {md(s.get('abort_reason') or 'stopped early')}."]
+    if report_name:
+        lines += ["", f"Full report: `{report_name}`."]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,101 @@
+"""Cold starts on a synthetic run with known answers: the run's start (a warm-up phase), a phase
+change, a replica present from the start and one first seen mid-run."""
+
+from __future__ import annotations
+
+import pytest
+
+from analysis_runs import record_all, write_run
+from latscope.analysis.coldstart import cold_starts
+from latscope.analysis.run_data import load_run
+from latscope.engine import OTHER_REPLICAS, REPLICA_METRIC
+from latscope.recorder import from_sparse, summarize, Recorder
+
+MS = 1000
+NEW = "r1 two,x"  # as the server sent it; its class is "r1_two_x"
+
+
+def latency(k: int) -> int:
+    """All latency: warm-up starts at 50 ms, the main phase (from 2 s) at 100 ms for 2 s; else 10 ms."""
+    return 50 * MS if k == 0 else 100 * MS if k in (2, 3) else 10 * MS
+
+
+def new_replica(k: int) -> list[int]:
+    """First seen at 5.3 s: 200 ms then 40 ms, then 10 ms."""
+    return {5: [200 * MS] * 10, 6: [40 * MS] * 10}.get(k, [10 * MS] * 10) if k >= 5 else []
+
+
+def record(k, rec, phase):
+    record_all(rec, "latency", "default", [latency(k)] * 10, phase.warmup)
+    record_all(rec, REPLICA_METRIC, "r0-1", [10 * MS] * 10, phase.warmup)
+    record_all(rec, REPLICA_METRIC, "r1_two_x", new_replica(k), phase.warmup)
+    if k == 11:
+        record_all(rec, REPLICA_METRIC, "r9-late", [300 * MS] * 10, phase.warmup)
+    record_all(rec, REPLICA_METRIC, OTHER_REPLICAS, [500 * MS], phase.warmup)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    events = [{"event": "replica_first_seen", "t_s": 0.004, "replica": "r0-1"},
+              {"event": "replica_first_seen", "t_s": 5.3, "replica": NEW}]
+    path = write_run(tmp_path_factory.mktemp("c") / "run", [("warm", 0.0, 2.0, True), ("main", 2.0, 10.0, False)],
+                     record, events=events)
+    return load_run(path)
+
+
+def hdr_ms(values_us: list[int]) -> dict:
+    """summarize() of a histogram of exactly these values."""
+    rec = Recorder()
+    record_all(rec, "x", "x", values_us)
+    ((_, sparse),) = rec.snapshot()[0].items()
+    return summarize(from_sparse(*sparse))
+
+
+def test_each_start_against_its_own_steady_state(run):
+    starts = {s["label"]: s for s in cold_starts(run, first_n=10)}
+    assert list(starts) == ["warm", "r0-1", "main", "r1_two_x", "r9-late"]  # time order
+
+    warm = starts["warm"]
+    assert (warm["kind"], warm["at_s"], warm["warmup"], warm["class"]) == ("run_start", 0.0, True, "all")
+    # first 10 requests: interval 0; steady: the second half of the phase, interval 1
+    assert warm["first_count"] == 10 and warm["first_p50_ms"] == hdr_ms([50 * MS])["p50_ms"]
+    assert warm["steady_count"] == 10 and warm["steady_p50_ms"] == hdr_ms([10 * MS])["p50_ms"]
+    assert warm["cold"] is True and warm["slowdown_p50"] == pytest.approx(50 * 1.0 / 10, rel=2e-3)
+    assert warm["time_to_steady_s"] == 1.0
+
+    main = starts["main"]
+    assert (main["kind"], main["at_s"], main["warmup"]) == ("phase", 2.0, False)
+    assert main["first_p50_ms"] == hdr_ms([100 * MS])["p50_ms"] and main["cold"] is True
+    # the last phase runs to the end of the run (12 intervals here): steady from 7 s, 5 intervals
+    assert main["steady_from_s"] == 7.0 and main["steady_count"] == 50
+    assert main["time_to_steady_s"] == 2.0  # intervals 2 and 3 are slow, 4 on are steady
+
+    new = starts["r1_two_x"]
+    assert (new["kind"], new["at_s"], new["metric"], new["warmup"]) == ("replica", 5.3, REPLICA_METRIC, False)
+    assert new["replica"] == NEW  # the id as the server sent it
+    assert new["first_count"] == 10 and new["first_p50_ms"] == hdr_ms([200 * MS])["p50_ms"]
+    # steady: the second half of [5.3, 12): intervals starting at 8.65 s or later, 9..11
+    assert new["steady_from_s"] == 9.0 and new["steady_count"] == 30
+    assert new["steady_p50_ms"] == hdr_ms([10 * MS])["p50_ms"] and new["cold"] is True
+    assert new["slowdown_p50"] == pytest.approx(20.0, rel=2e-3)
+    assert new["time_to_steady_s"] == pytest.approx(7.0 - 5.3)  # 40 ms at 6 s is still 4x steady
+
+    old = starts["r0-1"]
+    assert old["at_s"] == 0.004 and old["warmup"] is True and old["cold"] is False
+    assert old["slowdown_p50"] == 1.0 and old["time_to_steady_s"] == 0.0
+
+    late = starts["r9-late"]  # no event: at its first interval; nothing after its first requests
+    assert late["at_s"] == 11.0 and late["steady_count"] == 0 and late["steady_p50_ms"] is None
+    assert late["slowdown_p50"] is None and late["time_to_steady_s"] is None and late["cold"] is False
+    assert OTHER_REPLICAS not in starts
+
+
+def test_first_n_merges_whole_intervals(run):
+    starts = {s["label"]: s for s in cold_starts(run, first_n=15)}
+    new = starts["r1_two_x"]
+    # 15 requests need two intervals: both whole (interval granularity), 20 requests
+    assert new["first_count"] == 20 and new["first_until_s"] == 7.0
+    assert new["first_p50_ms"] == hdr_ms([200 * MS] * 10 + [40 * MS] * 10)["p50_ms"]
+    assert new["first_max_ms"] == hdr_ms([200 * MS])["max_ms"]
+    # default N = 20: the same two intervals
+    assert {s["label"]: s for s in cold_starts(run)}["r1_two_x"]["first_count"] == 20
