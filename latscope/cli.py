@@ -15,6 +15,11 @@ from latscope import __version__
 from latscope.errors import LatscopeError, RunError, ScenarioError
 
 EXIT_OK, EXIT_RUN_ERROR, EXIT_BAD_INPUT = 0, 1, 2
+# `latscope gate` (and `run --gate`): 0 pass, 1 SLO breach, 2 usage error, 3 regression against the
+# baseline, 4 inconclusive (too few samples, too noisy) or invalid measurement (generator fell behind).
+EXIT_SLO_BREACH, EXIT_REGRESSION, EXIT_INCONCLUSIVE = 1, 3, 4
+GATE_EXIT = {"pass": EXIT_OK, "slo_breach": EXIT_SLO_BREACH, "regression": EXIT_REGRESSION,
+             "inconclusive": EXIT_INCONCLUSIVE, "invalid": EXIT_INCONCLUSIVE}
 
 
 def _fail(message: str, code: int) -> None:
@@ -34,13 +39,85 @@ _set_option = click.option(
 )
 
 
+def _gate_options(f):
+    """--baseline, --slo, --junit, --markdown: shared by `gate` and `run --gate`."""
+    for option in reversed((
+        click.option("--baseline", type=click.Path(exists=True, file_okay=False, path_type=Path),
+                     help="Results (or saved baseline) directory to compare against."),
+        click.option("--slo", "slo_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                     help="Gate file: SLOs (replacing the scenario's) and the regression policy."),
+        click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), help="Write JUnit XML, one testcase per check."),
+        click.option("--markdown", type=click.Path(dir_okay=False, path_type=Path), help="Write a Markdown summary (e.g. for $GITHUB_STEP_SUMMARY)."),
+    )):
+        f = option(f)
+    return f
+
+
+def _run_gate(results_dir: Path, baseline: Path | None, slo_file: Path | None, junit: Path | None, markdown: Path | None) -> int:
+    """Evaluate the gate, print why, write the requested reports; the exit code."""
+    import os
+
+    from latscope.analysis.gate import gate as evaluate_gate
+    from latscope.gate_file import load_gate_file
+    from latscope.report.gate_output import github_annotations, junit_xml, markdown as gate_markdown, text_table
+
+    try:
+        result = evaluate_gate(results_dir, baseline, load_gate_file(slo_file))
+    except FileNotFoundError as exc:
+        _fail(f"{exc.filename}: not found — is it a latscope results directory?", EXIT_BAD_INPUT)
+    except ScenarioError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    click.echo(text_table(result))
+    if junit:
+        junit.write_text(junit_xml(result))
+    if markdown:
+        markdown.write_text(gate_markdown(result))
+    if os.environ.get("GITHUB_ACTIONS") == "true":
+        for line in github_annotations(result):
+            click.echo(line)
+    return GATE_EXIT[result.outcome]
+
+
+@main.command()
+@click.argument("results_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@_gate_options
+def gate(results_dir: Path, baseline: Path | None, slo_file: Path | None, junit: Path | None, markdown: Path | None) -> None:
+    """Pass or fail RESULTS_DIR: validity, SLOs, and p50/p99 regressions against --baseline.
+
+    Exit codes: 0 pass, 1 SLO breach, 2 usage error, 3 regression, 4 inconclusive or invalid measurement."""
+    sys.exit(_run_gate(results_dir, baseline, slo_file, junit, markdown))
+
+
+@main.group()
+def baseline() -> None:
+    """Keep a small copy of a run to gate later runs against."""
+
+
+@baseline.command("save")
+@click.argument("results_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("path", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--metric", "metrics", multiple=True, help="Keep only these metrics' histograms (repeatable; default: all).")
+def baseline_save(results_dir: Path, path: Path, metrics: tuple[str, ...]) -> None:
+    """Copy RESULTS_DIR's summary.json, scenario.yaml and histograms.hlog to PATH (small enough for a repo)."""
+    from latscope.results import save_baseline
+
+    try:
+        size = save_baseline(results_dir, path, metrics or None)
+    except FileNotFoundError as exc:
+        _fail(f"{exc.filename}: not found — is {results_dir} a latscope results directory?", EXIT_BAD_INPUT)
+    click.echo(f"baseline saved to {path} ({size / 1024:.0f} KiB)")
+
+
 @main.command()
 @click.argument("scenario_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Results directory (default: output.dir/<scenario>-<UTC time>).")
 @_set_option
 @click.option("--workers", type=click.IntRange(min=1), help="Worker processes (default: one per CPU core).")
 @click.option("--quiet", is_flag=True, help="No live progress.")
-def run(scenario_file: Path, out: Path | None, overrides: tuple[str, ...], workers: int | None, quiet: bool) -> None:
+@click.option("--gate", "run_gate", is_flag=True, help="Gate the run at the end (exit codes as `latscope gate`).")
+@_gate_options
+def run(scenario_file: Path, out: Path | None, overrides: tuple[str, ...], workers: int | None, quiet: bool,
+        run_gate: bool, baseline: Path | None, slo_file: Path | None, junit: Path | None, markdown: Path | None) -> None:
     """Run SCENARIO_FILE and write a results directory."""
     from latscope.console import ProgressDisplay, print_summary
     from latscope.run import run_scenario
@@ -58,6 +135,8 @@ def run(scenario_file: Path, out: Path | None, overrides: tuple[str, ...], worke
     print_summary(console, result.summary, result.run_dir)
     if (result.run_dir / "report.html").exists():
         console.print(f"report: {result.run_dir / 'report.html'}", highlight=False, soft_wrap=True)
+    if run_gate:
+        sys.exit(_run_gate(result.run_dir, baseline, slo_file, junit, markdown))  # a partial run gates as invalid (4)
     sys.exit(EXIT_RUN_ERROR if result.summary["partial"] else EXIT_OK)
 
 

@@ -101,7 +101,7 @@ def print_summary(console: Console, summary: dict, run_dir: object) -> None:
     for slo in summary["slo"]:
         mark = Text("PASS", "green") if slo["passed"] else Text("FAIL", "red")
         console.print(Text.assemble("SLO ", mark, f" {slo['metric']}/{slo['class']} {slo['stat']} "
-                                    f"{_ms(slo['value'])} ≤ {slo['limit']:g}"))
+                                    f"{_ms(slo['value'])} {'≥' if slo.get('direction') == 'min' else '≤'} {slo['limit']:g}"))
     stamp = summary["validity"]
     console.print(Text.assemble("measurement: ", Text(stamp.upper(), STYLE[stamp]),
                                 *(f"\n  - {reason}" for reason in summary["validity_reasons"])))

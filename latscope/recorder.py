@@ -267,3 +267,27 @@ def summarize(h: HdrHistogram) -> dict:
         out[f"p{p:g}_ms"] = round(v / 1000, 3)
     out["max_ms"] = round(int(highest[nz[-1]]) / 1000, 3)
     return out
+
+
+def counts_of(h: HdrHistogram) -> np.ndarray:
+    """The histogram's counters as a numpy view (zero-copy): index i counts the values of bucket i."""
+    return _counts(h)
+
+
+def bucket_bounds(h: HdrHistogram) -> tuple[np.ndarray, np.ndarray]:
+    """(lowest, highest) equivalent value of every counts-array index of h's layout, int64 µs."""
+    lowest, highest, _ = _tables(h)
+    return lowest, highest
+
+
+def bucket_indices(values_us: np.ndarray) -> np.ndarray:
+    """Counts-array index of each value (µs; clamped into [0, HIGHEST_US], rounded), vectorised."""
+    v = np.clip(np.rint(np.asarray(values_us, dtype=np.float64)), 0, HIGHEST_US).astype(np.int64)
+    b = np.maximum(np.frexp(v.astype(np.float64))[1] - _SHIFT, 0)  # frexp's exponent is the bit length (< 2**53)
+    return np.where(v < _SUB_COUNT, v, (b << _HALF_MAG) + (v >> b))
+
+
+def counts_from_values(values_us: np.ndarray) -> np.ndarray:
+    """The counts array that recording `values_us` one by one into a new_histogram() would give —
+    vectorised, for synthetic histograms in tests and benchmarks."""
+    return np.bincount(bucket_indices(np.ravel(values_us)), minlength=_COUNTS_LEN).astype(np.int64, copy=False)

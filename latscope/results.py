@@ -155,3 +155,21 @@ def read_timeseries(run_dir: str | Path):
     import pandas as pd
 
     return pd.read_parquet(Path(run_dir) / TIMESERIES)
+
+
+def save_baseline(run_dir: str | Path, dest: str | Path, metrics: Collection[str] | None = None) -> int:
+    """Copy what a gate needs from a run — summary.json, scenario.yaml, histograms.hlog (only the
+    intervals of `metrics` when given) — to `dest`; the bytes written. The hlog is filtered line by
+    line, so the copy is byte-identical for the intervals it keeps."""
+    src, dest = Path(run_dir), Path(dest)
+    summary = (src / SUMMARY).read_text()
+    hlog_lines = (src / HLOG).read_text().splitlines(keepends=True)
+    if metrics is not None:
+        keep = tuple(f"Tag={m}/" for m in metrics)
+        hlog_lines = [line for line in hlog_lines if not line.startswith("Tag=") or line.startswith(keep)]
+    dest.mkdir(parents=True, exist_ok=True)
+    write_text(dest / SUMMARY, summary)
+    write_text(dest / HLOG, "".join(hlog_lines))
+    if (src / SCENARIO).exists():
+        write_text(dest / SCENARIO, (src / SCENARIO).read_text())
+    return sum((dest / name).stat().st_size for name in (SUMMARY, HLOG, SCENARIO) if (dest / name).exists())

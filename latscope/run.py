@@ -389,7 +389,7 @@ class _Run:
             "tokens": self._tokens(window),
             "errors": errors,
             "error_examples": self._error_examples(),
-            "slo": slo_verdicts(metrics, self.scenario.slos),
+            "slo": slo_verdicts(metrics, self.scenario.slos, requests, requests["completed"] / window if window else 0.0),
             "phases": [
                 {"name": p.name, "start_s": p.start_s, "duration_s": p.duration_s, "warmup": p.warmup}
                 for p in self.plan.phases

@@ -43,6 +43,7 @@ from pydantic import (
     ValidationInfo,
     WithJsonSchema,
     field_validator,
+    model_serializer,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -623,15 +624,51 @@ class Limits(_Model):
     timer: Literal["precise", "coarse"] = "precise"
 
 
+SLO_TIME_STATS = ("p50", "p90", "p95", "p99", "p99.9", "max", "mean")
+SLO_RUN_STATS = ("error_rate", "throughput")  # of the whole run, not of a metric
+
+
 class Slo(_Model):
-    """A pass/fail objective on one statistic of one metric and class, e.g. latency p99 <= 100 ms."""
+    """A pass/fail objective on one statistic of one metric and class, e.g. latency p99 <= 100 ms.
+
+    Time statistics take `limit_ms`; `error_rate` (errors / answered requests, 0..1) and
+    `throughput` (achieved req/s) take `limit`. `direction: max` means the value must stay at or
+    under the limit, `min` at or over it; the default is `min` for throughput, `max` otherwise."""
 
     model_config = ConfigDict(populate_by_name=True)
 
     metric: str = "latency"
     class_: str = Field("all", alias="class")  # "class" is a Python keyword
-    stat: Literal["p50", "p90", "p95", "p99", "p99.9", "max", "mean"]
-    limit_ms: float = Field(gt=0)
+    stat: Literal["p50", "p90", "p95", "p99", "p99.9", "max", "mean", "error_rate", "throughput"]
+    limit_ms: float | None = Field(None, gt=0)
+    limit: float | None = Field(None, ge=0)
+    direction: Literal["max", "min"] | None = None
+
+    @model_validator(mode="after")
+    def _limit_fits_stat(self) -> Slo:
+        if self.stat in SLO_RUN_STATS:
+            if self.limit is None or self.limit_ms is not None:
+                raise ValueError(f"stat {self.stat} takes `limit` ({'a fraction 0..1' if self.stat == 'error_rate' else 'req/s'}), not limit_ms")
+            if self.stat == "error_rate" and self.limit > 1:
+                raise ValueError("an error_rate limit is a fraction between 0 and 1")
+        elif self.limit_ms is None or self.limit is not None:
+            raise ValueError(f"stat {self.stat} takes `limit_ms`")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _without_unset_limits(self, handler: Any) -> dict:
+        # A resolved scenario.yaml shows the SLO as written: no `limit: null` next to limit_ms.
+        return {k: v for k, v in handler(self).items() if v is not None or k not in ("limit_ms", "limit", "direction")}
+
+    @property
+    def bound(self) -> Literal["max", "min"]:
+        """`max`: the value must stay at or under the limit; `min`: at or over it."""
+        return self.direction or ("min" if self.stat == "throughput" else "max")
+
+    @property
+    def threshold(self) -> float:
+        """The limit in the statistic's own unit (ms, fraction, req/s)."""
+        return self.limit if self.stat in SLO_RUN_STATS else self.limit_ms  # type: ignore[return-value]
 
 
 class Output(_Model):

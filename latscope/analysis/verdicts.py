@@ -51,20 +51,40 @@ def validity(metrics: dict, requests: dict, thresholds: Any, max_in_flight: int)
     return verdict, reasons
 
 
-def slo_verdicts(metrics: dict, slos: list[Any]) -> list[dict]:
-    """One verdict per SLO: the statistic's value against its limit. No data is a failure."""
+def error_rate(requests: dict) -> float | None:
+    """Errors over answered requests (completed + errors); None when none was answered."""
+    answered = requests.get("completed", 0) + requests.get("errors", 0)
+    return requests.get("errors", 0) / answered if answered else None
+
+
+def slo_value(metrics: dict, slo: Any, requests: dict | None = None, achieved_rps: float | None = None) -> float | None:
+    """The value an SLO is about: a metric statistic in ms, the run's error rate or its achieved req/s."""
+    if slo.stat == "error_rate":
+        return error_rate(requests) if requests is not None else None
+    if slo.stat == "throughput":
+        return achieved_rps
+    return metrics.get(slo.metric, {}).get(slo.class_, {}).get(f"{slo.stat}_ms")
+
+
+def slo_verdicts(metrics: dict, slos: list[Any], requests: dict | None = None, achieved_rps: float | None = None) -> list[dict]:
+    """One verdict per SLO: the statistic's value against its limit (at most the limit, or at least
+    it for `direction: min`). No data is a failure. Error-rate and throughput SLOs need the run's
+    `requests` counts and `achieved_rps`."""
     verdicts = []
     for slo in slos:
-        stat_key = f"{slo.stat}_ms"
-        value = metrics.get(slo.metric, {}).get(slo.class_, {}).get(stat_key)
+        value = slo_value(metrics, slo, requests, achieved_rps)
+        limit = slo.threshold
+        within = value is not None and (value <= limit if slo.bound == "max" else value >= limit)
         verdict = {
-            "metric": slo.metric,
+            "metric": slo.metric if slo.stat not in ("error_rate", "throughput") else "run",
             "class": slo.class_,
-            "stat": stat_key,
-            "limit": slo.limit_ms,
+            "stat": f"{slo.stat}_ms" if slo.limit_ms is not None else slo.stat,
+            "limit": limit,
             "value": value,
-            "passed": value is not None and value <= slo.limit_ms,
+            "passed": within,
         }
+        if slo.bound == "min":
+            verdict["direction"] = "min"
         if value is None:
             verdict["reason"] = "no data for this metric and class"
         verdicts.append(verdict)

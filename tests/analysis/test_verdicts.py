@@ -51,3 +51,26 @@ def test_slo_verdicts_compare_the_named_statistic():
     assert [x["passed"] for x in v] == [True, False, False]
     assert v[0] == {"metric": "latency", "class": "all", "stat": "p99_ms", "limit": 15, "value": 12.0, "passed": True}
     assert v[2]["value"] is None and v[2]["reason"] == "no data for this metric and class"
+
+
+def test_error_rate_and_throughput_slos_use_the_run_counts():
+    slos = [Slo(stat="error_rate", limit=0.01), Slo(stat="throughput", limit=40), Slo(stat="throughput", limit=60, direction="max")]
+    v = slo_verdicts(metrics(0.1), slos, {"completed": 990, "errors": 10}, 50.0)
+    assert [x["value"] for x in v] == [0.01, 50.0, 50.0]
+    assert [x["passed"] for x in v] == [True, True, True]  # 1 % ≤ 1 %; 50 ≥ 40 (min by default); 50 ≤ 60
+    assert v[1] == {"metric": "run", "class": "all", "stat": "throughput", "limit": 40, "value": 50.0, "passed": True, "direction": "min"}
+    assert slo_verdicts(metrics(0.1), slos[:1], {"completed": 980, "errors": 20}, 50.0)[0]["passed"] is False
+    assert slo_verdicts(metrics(0.1), slos[:1], {"completed": 0, "errors": 0}, 0.0)[0]["reason"] == "no data for this metric and class"
+
+
+def test_slo_limit_must_fit_its_statistic():
+    import pytest
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="stat error_rate takes `limit`"):
+        Slo(stat="error_rate", limit_ms=5)
+    with pytest.raises(ValidationError, match="stat p99 takes `limit_ms`"):
+        Slo(stat="p99", limit=5)
+    with pytest.raises(ValidationError, match="fraction between 0 and 1"):
+        Slo(stat="error_rate", limit=5)
+    assert Slo(stat="p99", limit_ms=5).model_dump(by_alias=True) == {"metric": "latency", "class": "all", "stat": "p99", "limit_ms": 5.0}

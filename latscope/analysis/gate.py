@@ -1,0 +1,266 @@
+"""The CI gate: is this run good enough to ship? Pure checks over results, one record per check.
+
+Three kinds of check, and the order in which they decide the outcome:
+
+1. **validity** — a run stamped `invalid` (the generator fell behind) or `partial` (cut short), new
+   or baseline, is not a measurement of the target: outcome `invalid` (exit 4), never a pass.
+   `degraded` passes, with the reasons in the message.
+2. **slo** — absolute limits (scenario `slos` or the gate file's): a breach is outcome `slo_breach`.
+3. **regression** — each gated percentile against the baseline; a regression is outcome
+   `regression`; a check that cannot decide makes the outcome `inconclusive` (exit 4).
+
+Regression decision rule (per check, percentile p, tolerance τ, minimum effect δ < τ)
+-------------------------------------------------------------------------------------
+Let r = q_new / q_base (point estimates, HDR semantics) and [L, U] the MOVER interval for the ratio
+from the two runs' intervals (analysis/quantile_ci.py: on each side the wider of the exact binomial
+order-statistic interval and the moving-block-bootstrap interval), each run's interval at two-sided
+level 1 − 2a with a = alpha / (number of regression checks).
+
+* **inconclusive** when either run has n·(1 − p) < 10: fewer than ten values are expected beyond the
+  percentile, so it is not measured (p99 needs n ≥ 1,000, p99.9 n ≥ 10,000).
+* **fail** when r > 1 + τ (over the budget) AND L > 1 + δ (beyond the noise, by a minimum effect).
+* **inconclusive** otherwise when U > 1 + 2τ: the runs are too noisy to rule out a regression of
+  twice the budget, so a pass would mean nothing. Run longer or at a higher rate. (The factor 2 is
+  the gate file's `inconclusive_factor`; p99 over a 10 % budget needs a few dozen values beyond it.)
+* **pass** otherwise: no regression over the budget was detected, and one of twice the budget would
+  have been ruled out.
+
+Why this rule:
+* *False failures (same build twice, true r = 1).* A failure needs L > 1 + δ ≥ 1, i.e. the lower
+  confidence bound above the true ratio, which has probability ≤ a per check, so ≤ alpha over all
+  checks (Bonferroni). With the default alpha = 0.02 the whole gate flakes on noise at most 2 % of
+  the time; requiring r > 1 + τ as well only lowers that. The bound rests on the intervals' coverage:
+  the binomial one is exact (conservative) for independent samples, and the block bootstrap —
+  with a Student-t multiplier for the number of independent blocks — keeps it when the level wanders
+  over the run (tests/analysis/test_quantile_ci.py measures both).
+* *Power (20 % p99 shift, n = 20,000 a run, τ = 10 %).* With 200 values beyond p99 the log p99 of
+  a lognormal-ish latency has a standard error of about 0.013–0.026 a run, so L sits 0.04–0.09
+  below log 1.2 = 0.18 and clears log(1 + δ) = 0.02, while r > 1.1 holds with margin: the shift is
+  caught essentially always (measured: ≥ 99 %).
+* *A real change smaller than τ* passes (that is the budget); a noisy one larger than τ that the
+  data cannot confirm does not fail the build, but does not pass silently either when the noise
+  is large (the inconclusive clause).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from latscope import results
+from latscope.analysis.quantile_ci import QuantileCI, RatioCI, interval_counts, quantile_ci, ratio_ci
+from latscope.analysis.verdicts import slo_verdicts
+from latscope.gate_file import GateFile, RegressionPolicy
+from latscope.recorder import bucket_bounds, new_histogram
+from latscope.scenario import Slo
+
+MIN_TAIL = 10  # values expected beyond a percentile, n·(1 − p), for it to be gated at all
+WIDE_FACTOR = 2.0  # default: inconclusive when the ratio's upper bound exceeds 1 + WIDE_FACTOR·τ (gate file: inconclusive_factor)
+
+PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+OUTCOMES = ("pass", "slo_breach", "regression", "inconclusive", "invalid")
+
+
+@dataclass
+class Check:
+    """One line of the gate's verdict: what was checked, the status, and why in words."""
+
+    kind: str  # "validity" | "slo" | "regression"
+    name: str  # e.g. "latency/all p99"
+    status: str  # "pass" | "fail" | "inconclusive"
+    message: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunData:
+    """What the gate needs from one results directory."""
+
+    path: Path
+    summary: dict
+    intervals: dict[tuple[str, str], np.ndarray]  # (metric, class) -> measured intervals × buckets
+    slos: list[Slo]
+
+
+@dataclass
+class GateResult:
+    checks: list[Check]
+    outcome: str  # one of OUTCOMES
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------------
+
+
+def measured_intervals(summary: dict, intervals: list) -> list:
+    """The intervals outside warm-up phases (an interval overlapping a warm-up phase is left out)."""
+    warm = [(p["start_s"], p["start_s"] + p["duration_s"]) for p in summary.get("phases", []) if p.get("warmup")]
+    return [iv for iv in intervals if not any(iv[0] < end and iv[0] + iv[1] > start for start, end in warm)]
+
+
+def load_run(run_dir: str | Path, metrics: set[str]) -> RunData:
+    """Summary, measured per-interval counts of `metrics`, and the scenario's SLOs of a results
+    directory (or a baseline saved by `latscope baseline save`)."""
+    run_dir = Path(run_dir)
+    summary = results.read_summary(run_dir)
+    hlog_ok = (run_dir / results.HLOG).exists()
+    raw = results.read_intervals(run_dir, metrics=metrics) if hlog_ok and metrics else {}
+    intervals = {key: interval_counts([h for _, _, h in measured_intervals(summary, ivs)]) for key, ivs in raw.items()}
+    slos: list[Slo] = []
+    scenario_file = run_dir / results.SCENARIO
+    if scenario_file.exists():
+        data = yaml.safe_load(scenario_file.read_text()) or {}
+        slos = [Slo.model_validate(s) for s in data.get("slos") or []]
+    return RunData(run_dir, summary, intervals, slos)
+
+
+# --------------------------------------------------------------------------------------------------
+# Checks
+# --------------------------------------------------------------------------------------------------
+
+
+def validity_check(summary: dict, role: str) -> Check:
+    """`invalid` or `partial` → inconclusive (not a measurement of the target); else pass."""
+    stamp, reasons = summary.get("validity", "valid"), summary.get("validity_reasons", [])
+    name = f"{role} run validity"
+    if summary.get("partial"):
+        return Check("validity", name, INCONCLUSIVE, f"{role} run was cut short ({summary.get('abort_reason') or 'partial'}): not a complete measurement",
+                     {"validity": stamp, "partial": True})
+    if stamp == "invalid":
+        return Check("validity", name, INCONCLUSIVE,
+                     f"{role} run is invalid — the load generator fell behind, so it measured itself, not the target: "
+                     + "; ".join(reasons), {"validity": stamp, "reasons": reasons})
+    text = f"{role} run is {stamp}" + (f" ({'; '.join(reasons)})" if reasons else "")
+    return Check("validity", name, PASS, text, {"validity": stamp, "reasons": reasons})
+
+
+def _fmt_value(stat: str, value: float | None) -> str:
+    if value is None:
+        return "no data"
+    if stat == "error_rate":
+        return f"{value:.2%}"
+    if stat == "throughput":
+        return f"{value:.1f} req/s"
+    return f"{value:g} ms"
+
+
+def slo_checks(summary: dict, slos: list[Slo]) -> list[Check]:
+    """Each SLO against the run's summary (values as summary.json reports them)."""
+    checks = []
+    tput = summary.get("throughput", {}).get("achieved_rps")
+    for slo, v in zip(slos, slo_verdicts(summary.get("metrics", {}), slos, summary.get("requests"), tput)):
+        subject = "error rate" if slo.stat == "error_rate" else "throughput" if slo.stat == "throughput" else f"{slo.metric}/{slo.class_} {slo.stat}"
+        op = "≤" if slo.bound == "max" else "≥"
+        limit = _fmt_value(slo.stat, slo.threshold)
+        if v["value"] is None:
+            message = f"{subject}: no data (SLO {op} {limit})"
+        elif v["passed"]:
+            message = f"{subject} {_fmt_value(slo.stat, v['value'])} meets the SLO ({op} {limit})"
+        else:
+            message = f"{subject} {_fmt_value(slo.stat, v['value'])} breaches the SLO ({op} {limit})"
+        checks.append(Check("slo", f"SLO {subject}", PASS if v["passed"] else FAIL, message, v))
+    return checks
+
+
+def decide(new: QuantileCI, base: QuantileCI, tolerance: float, min_effect: float,
+           inconclusive_factor: float = WIDE_FACTOR) -> tuple[str, RatioCI | None, str]:
+    """(status, ratio interval, reason) for one percentile — the rule in the module docstring."""
+    for ci, role in ((new, "new"), (base, "baseline")):
+        if ci.tail_count < MIN_TAIL:
+            return INCONCLUSIVE, None, (f"too few samples in the {role} run for p{ci.p:g}: n = {ci.n:,}, "
+                                        f"{ci.tail_count:.1f} expected beyond it (need ≥ {MIN_TAIL}: n ≥ {math.ceil(MIN_TAIL / (1 - ci.p / 100)):,})")
+    r = ratio_ci(new, base)
+    if r.ratio > 1 + tolerance and r.low > 1 + min_effect:
+        return FAIL, r, f"over the {tolerance:.0%} budget and beyond the noise (lower confidence bound {r.low - 1:+.1%})"
+    if r.high > 1 + inconclusive_factor * tolerance:
+        return INCONCLUSIVE, r, (f"too noisy to decide: the ratio could be up to {r.high - 1:+.0%}, so a regression of "
+                                 f"{inconclusive_factor:g}× the {tolerance:.0%} budget cannot be ruled out — run longer or at a higher rate")
+    if r.ratio > 1 + tolerance:
+        return PASS, r, f"over the {tolerance:.0%} budget but within the noise (lower confidence bound {r.low - 1:+.1%})"
+    return PASS, r, f"within the {tolerance:.0%} budget"
+
+
+def _ms(us: float) -> str:
+    if not math.isfinite(us):
+        return "∞"
+    ms = us / 1000
+    return f"{ms:.3g}" if ms < 100 else f"{ms:.0f}"
+
+
+def regression_checks(new: RunData, base: RunData, policy: RegressionPolicy) -> list[Check]:
+    """Each gated percentile of `new` against `base` (see the module docstring for the rule)."""
+    lowest, highest = bucket_bounds(new_histogram())
+    a = policy.alpha / len(policy.checks)
+    confidence = 1 - 2 * a
+    checks = []
+    for c in policy.checks:
+        name = f"{c.metric}/{c.class_} {c.stat}"
+        tol = c.tolerance or policy.tolerance
+        counts_new, counts_base = new.intervals.get((c.metric, c.class_)), base.intervals.get((c.metric, c.class_))
+        if counts_new is None or counts_base is None or not counts_new.size or not counts_base.size:
+            missing = "new run" if counts_new is None or not counts_new.size else "baseline"
+            checks.append(Check("regression", name, INCONCLUSIVE, f"{name}: no data in the {missing}", {"metric": c.metric, "class": c.class_, "stat": c.stat}))
+            continue
+        q_new = quantile_ci(counts_new, lowest, highest, c.percentile, confidence)
+        q_base = quantile_ci(counts_base, lowest, highest, c.percentile, confidence)
+        status, r, why = decide(q_new, q_base, tol, policy.min_effect, policy.inconclusive_factor)
+        level = f"{confidence:.0%}"
+        text = (f"{name} {_ms(q_new.value_us)} ms [{level} CI {_ms(q_new.low_us)}–{_ms(q_new.high_us)}] vs baseline "
+                f"{_ms(q_base.value_us)} [{_ms(q_base.low_us)}–{_ms(q_base.high_us)}]")
+        if r is not None:
+            text += f": {r.ratio - 1:+.1%}"
+        details = {
+            "metric": c.metric, "class": c.class_, "stat": c.stat, "tolerance": tol, "min_effect": policy.min_effect,
+            "confidence": confidence, "new": _ci_dict(q_new), "baseline": _ci_dict(q_base),
+            "ratio": None if r is None else {"value": r.ratio, "low": r.low, "high": r.high},
+        }
+        checks.append(Check("regression", name, status, f"{text}, {why}", details))
+    return checks
+
+
+def _ci_dict(q: QuantileCI) -> dict:
+    def ms(x: float | None) -> float | None:
+        return None if x is None or not math.isfinite(x) else round(x / 1000, 3)
+
+    return {"n": q.n, "value_ms": ms(q.value_us), "low_ms": ms(q.low_us), "high_ms": ms(q.high_us),
+            "binomial_ms": [ms(x) for x in q.binomial], "bootstrap_ms": None if q.bootstrap is None else [ms(x) for x in q.bootstrap],
+            "block_len": q.block_len}
+
+
+def outcome(checks: list[Check]) -> str:
+    """invalid (a run is not a measurement) > slo_breach > regression > inconclusive > pass."""
+    if any(c.kind == "validity" and c.status != PASS for c in checks):
+        return "invalid"
+    if any(c.kind == "slo" and c.status == FAIL for c in checks):
+        return "slo_breach"
+    if any(c.kind == "regression" and c.status == FAIL for c in checks):
+        return "regression"
+    if any(c.status == INCONCLUSIVE for c in checks):
+        return "inconclusive"
+    return "pass"
+
+
+def evaluate(new: RunData, base: RunData | None, gate_file: GateFile) -> GateResult:
+    """All checks of one gate: validity of both runs, SLOs of the new one, regressions vs the baseline."""
+    checks = [validity_check(new.summary, "new")]
+    if base is not None:
+        checks.append(validity_check(base.summary, "baseline"))
+    slos = gate_file.slos if gate_file.slos is not None else new.slos
+    checks += slo_checks(new.summary, slos)
+    if base is not None:
+        checks += regression_checks(new, base, gate_file.regression)
+    return GateResult(checks, outcome(checks))
+
+
+def gate(results_dir: str | Path, baseline_dir: str | Path | None, gate_file: GateFile) -> GateResult:
+    """Load the run (and the baseline) and evaluate the gate."""
+    metrics = {c.metric for c in gate_file.regression.checks} if baseline_dir is not None else set()
+    new = load_run(results_dir, metrics)
+    base = load_run(baseline_dir, metrics) if baseline_dir is not None else None
+    return evaluate(new, base, gate_file)
