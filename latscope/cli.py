@@ -12,7 +12,7 @@ import numpy as np
 from rich.console import Console
 
 from latscope import __version__
-from latscope.errors import LatscopeError, RunError, ScenarioError
+from latscope.errors import LatscopeError, ResultsError, RunError, ScenarioError
 
 EXIT_OK, EXIT_RUN_ERROR, EXIT_BAD_INPUT = 0, 1, 2
 # `latscope gate` (and `run --gate`): 0 pass, 1 SLO breach, 2 usage error, 3 regression against the
@@ -63,9 +63,7 @@ def _run_gate(results_dir: Path, baseline: Path | None, slo_file: Path | None, j
 
     try:
         result = evaluate_gate(results_dir, baseline, load_gate_file(slo_file))
-    except FileNotFoundError as exc:
-        _fail(f"{exc.filename}: not found — is it a latscope results directory?", EXIT_BAD_INPUT)
-    except ScenarioError as exc:
+    except (ScenarioError, ResultsError) as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
     click.echo(text_table(result))
     if junit:

@@ -269,11 +269,6 @@ def summarize(h: HdrHistogram) -> dict:
     return out
 
 
-def counts_of(h: HdrHistogram) -> np.ndarray:
-    """The histogram's counters as a numpy view (zero-copy): index i counts the values of bucket i."""
-    return _counts(h)
-
-
 def bucket_bounds(h: HdrHistogram) -> tuple[np.ndarray, np.ndarray]:
     """(lowest, highest) equivalent value of every counts-array index of h's layout, int64 µs."""
     lowest, highest, _ = _tables(h)

@@ -53,10 +53,10 @@ import numpy as np
 import yaml
 
 from latscope import results
-from latscope.analysis.quantile_ci import QuantileCI, RatioCI, interval_counts, quantile_ci, ratio_ci
+from latscope.analysis import run_data
+from latscope.analysis.quantile_ci import QuantileCI, RatioCI, quantile_ci, ratio_ci
 from latscope.analysis.verdicts import slo_verdicts
 from latscope.gate_file import GateFile, RegressionPolicy
-from latscope.recorder import bucket_bounds, new_histogram
 from latscope.scenario import Slo
 
 MIN_TAIL = 10  # values expected beyond a percentile, n·(1 − p), for it to be gated at all
@@ -78,12 +78,12 @@ class Check:
 
 
 @dataclass
-class RunData:
-    """What the gate needs from one results directory."""
+class GateRun:
+    """What the gate needs from one results directory (or a saved baseline)."""
 
     path: Path
     summary: dict
-    intervals: dict[tuple[str, str], np.ndarray]  # (metric, class) -> measured intervals × buckets
+    intervals: dict[tuple[str, str], tuple[np.ndarray, np.ndarray, np.ndarray]]  # (metric, class) -> compact counts
     slos: list[Slo]
 
 
@@ -98,26 +98,21 @@ class GateResult:
 # --------------------------------------------------------------------------------------------------
 
 
-def measured_intervals(summary: dict, intervals: list) -> list:
-    """The intervals outside warm-up phases (an interval overlapping a warm-up phase is left out)."""
-    warm = [(p["start_s"], p["start_s"] + p["duration_s"]) for p in summary.get("phases", []) if p.get("warmup")]
-    return [iv for iv in intervals if not any(iv[0] < end and iv[0] + iv[1] > start for start, end in warm)]
-
-
-def load_run(run_dir: str | Path, metrics: set[str]) -> RunData:
-    """Summary, measured per-interval counts of `metrics`, and the scenario's SLOs of a results
-    directory (or a baseline saved by `latscope baseline save`)."""
-    run_dir = Path(run_dir)
-    summary = results.read_summary(run_dir)
-    hlog_ok = (run_dir / results.HLOG).exists()
-    raw = results.read_intervals(run_dir, metrics=metrics) if hlog_ok and metrics else {}
-    intervals = {key: interval_counts([h for _, _, h in measured_intervals(summary, ivs)]) for key, ivs in raw.items()}
+def load_run(run_dir: str | Path, metrics: set[str]) -> GateRun:
+    """Summary, measured (non-warm-up) per-interval counts of `metrics`, and the scenario's SLOs of
+    a results directory or a baseline saved by `latscope baseline save`. Warm-up intervals are told
+    apart as the rest of the analysis does (analysis/run_data.py)."""
+    run = run_data.load_run(run_dir)
+    intervals = {}
+    for metric in metrics:
+        for cls, by_interval in run_data.metric_intervals(run, metric).items():
+            intervals[(metric, cls)] = by_interval.compact_counts(~run.is_warmup(by_interval.start_s))
     slos: list[Slo] = []
-    scenario_file = run_dir / results.SCENARIO
+    scenario_file = run.path / results.SCENARIO
     if scenario_file.exists():
         data = yaml.safe_load(scenario_file.read_text()) or {}
         slos = [Slo.model_validate(s) for s in data.get("slos") or []]
-    return RunData(run_dir, summary, intervals, slos)
+    return GateRun(run.path, run.summary, intervals, slos)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -193,22 +188,21 @@ def _ms(us: float) -> str:
     return f"{ms:.3g}" if ms < 100 else f"{ms:.0f}"
 
 
-def regression_checks(new: RunData, base: RunData, policy: RegressionPolicy) -> list[Check]:
+def regression_checks(new: GateRun, base: GateRun, policy: RegressionPolicy) -> list[Check]:
     """Each gated percentile of `new` against `base` (see the module docstring for the rule)."""
-    lowest, highest = bucket_bounds(new_histogram())
     a = policy.alpha / len(policy.checks)
     confidence = 1 - 2 * a
     checks = []
     for c in policy.checks:
         name = f"{c.metric}/{c.class_} {c.stat}"
         tol = c.tolerance or policy.tolerance
-        counts_new, counts_base = new.intervals.get((c.metric, c.class_)), base.intervals.get((c.metric, c.class_))
-        if counts_new is None or counts_base is None or not counts_new.size or not counts_base.size:
-            missing = "new run" if counts_new is None or not counts_new.size else "baseline"
+        data_new, data_base = new.intervals.get((c.metric, c.class_)), base.intervals.get((c.metric, c.class_))
+        if data_new is None or data_base is None or not data_new[0].size or not data_base[0].size:
+            missing = "new run" if data_new is None or not data_new[0].size else "baseline"
             checks.append(Check("regression", name, INCONCLUSIVE, f"{name}: no data in the {missing}", {"metric": c.metric, "class": c.class_, "stat": c.stat}))
             continue
-        q_new = quantile_ci(counts_new, lowest, highest, c.percentile, confidence)
-        q_base = quantile_ci(counts_base, lowest, highest, c.percentile, confidence)
+        q_new = quantile_ci(*data_new, c.percentile, confidence)
+        q_base = quantile_ci(*data_base, c.percentile, confidence)
         status, r, why = decide(q_new, q_base, tol, policy.min_effect, policy.inconclusive_factor)
         level = f"{confidence:.0%}"
         text = (f"{name} {_ms(q_new.value_us)} ms [{level} CI {_ms(q_new.low_us)}–{_ms(q_new.high_us)}] vs baseline "
@@ -246,7 +240,7 @@ def outcome(checks: list[Check]) -> str:
     return "pass"
 
 
-def evaluate(new: RunData, base: RunData | None, gate_file: GateFile) -> GateResult:
+def evaluate(new: GateRun, base: GateRun | None, gate_file: GateFile) -> GateResult:
     """All checks of one gate: validity of both runs, SLOs of the new one, regressions vs the baseline."""
     checks = [validity_check(new.summary, "new")]
     if base is not None:

@@ -53,7 +53,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Sequence
 
 import numpy as np
 
@@ -259,10 +258,3 @@ def ratio_ci(new: QuantileCI, base: QuantileCI) -> RatioCI:
     up = math.hypot(_log(new.high_us) - math.log(new.value_us), math.log(base.value_us) - _log(base.low_us))
     return RatioCI(math.exp(log_r), math.exp(log_r - down) if math.isfinite(down) else 0.0,
                    math.exp(log_r + up) if math.isfinite(up) else math.inf)
-
-
-def interval_counts(histograms: Sequence) -> np.ndarray:
-    """k × buckets counts matrix from a run's per-interval HdrHistograms."""
-    from latscope.recorder import counts_of
-
-    return np.stack([counts_of(h).astype(np.int64) for h in histograms]) if histograms else np.zeros((0, 0), np.int64)

@@ -25,7 +25,7 @@ from hdrh.histogram import HdrHistogram
 from latscope import results
 from latscope.errors import ResultsError
 from latscope.hlog import read_sparse
-from latscope.recorder import from_sparse, new_histogram
+from latscope.recorder import bucket_bounds, from_sparse, new_histogram
 
 TELEMETRY = "telemetry.parquet"
 TELEMETRY_COLUMNS = ("t_s", "source", "device", "metric", "value")
@@ -67,6 +67,20 @@ class ClassIntervals:
         dense = np.bincount(index, weights=count, minlength=_COUNTS_LEN).astype(np.int64)
         nz = np.flatnonzero(dense != 0)
         return from_sparse(nz, dense[nz])
+
+    def compact_counts(self, select: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(counts, lowest, highest) of the selected intervals (a bool mask) as a dense matrix over
+        only the buckets they use: selected intervals × used buckets, with those buckets' lowest and
+        highest values in µs (the input of analysis.quantile_ci)."""
+        sizes = np.diff(self.offsets)
+        rows = np.repeat(np.arange(len(self)), sizes)
+        keep = np.repeat(np.asarray(select, bool), sizes)
+        used, column = np.unique(self.index[keep], return_inverse=True)
+        row_of = np.cumsum(select) - 1  # position among the selected intervals
+        counts = np.zeros((int(np.count_nonzero(select)), len(used)), np.int64)
+        np.add.at(counts, (row_of[rows[keep]], column), self.count[keep])
+        lowest, highest = bucket_bounds(_LAYOUT)
+        return counts, lowest[used], highest[used]
 
     def span_percentile(self, p: float, first: int, last: int) -> float:
         """The p-th percentile in µs of intervals first..last (positions, inclusive) merged, with
@@ -127,7 +141,8 @@ class RunData:
 def load_run(path: str | Path) -> RunData:
     """Everything but the histograms of the results directory at `path`. ResultsError (a
     LatscopeError) naming the directory and the file when it is not a results directory or a file
-    is unreadable; a missing optional file (telemetry.parquet, events.jsonl) gives an empty one."""
+    is unreadable; a missing optional file (timeseries.parquet, telemetry.parquet, events.jsonl)
+    gives an empty one."""
     path = Path(path)
     if not path.is_dir():
         raise ResultsError(f"{path}: not a results directory (no such directory)")
@@ -175,8 +190,9 @@ def _parquet(path: Path) -> pd.DataFrame:
 
 
 def _timeseries(path: Path) -> pd.DataFrame:
-    if not path.exists():
-        raise ResultsError(f"{path.parent}: incomplete results directory ({path.name} is missing)")
+    if not path.exists():  # a baseline saved by `latscope baseline save` keeps summary and histograms only
+        return pd.DataFrame({"interval_start_s": pd.Series(dtype=float), "metric": pd.Series(dtype=object),
+                             "class": pd.Series(dtype=object), "phase": pd.Series(dtype=object)})
     return _parquet(path)
 
 

@@ -50,7 +50,6 @@ def test_a_torn_last_event_line_is_skipped_and_missing_events_are_empty(run_dir)
     (lambda d: (d / "summary.json").write_text("{not json"), "summary.json: unreadable"),
     (lambda d: (d / "summary.json").write_text('{"scenario": "x"}'), "summary.json: not a latscope summary"),
     (lambda d: (d / "summary.json").write_text('{"schema_version": 99}'), "summary.json: schema_version 99 is newer"),
-    (lambda d: (d / "timeseries.parquet").unlink(), "timeseries.parquet is missing"),
     (lambda d: (d / "timeseries.parquet").write_bytes(b"PAR1 garbage"), "timeseries.parquet: unreadable"),
     (lambda d: (d / "events.jsonl").write_text('{"event": "a"}\nnope\n{"event": "b"}\n'), "events.jsonl:2: not a JSON event"),
     (lambda d: pd.DataFrame({"t_s": [0.0]}).to_parquet(d / "telemetry.parquet"),
