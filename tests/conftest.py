@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -87,3 +89,17 @@ def scenario_dict(url: str, tmp_path: Path, phases: list[dict], **extra) -> dict
     for key, value in extra.items():
         data[key] = value
     return data
+
+
+@contextmanager
+def stream_target_process(ttft_ms: float, itl_ms: float, tokens: int) -> Iterator[str]:
+    """`python -m latscope.stream_target` as a real process on a free loopback port; yields its base URL."""
+    proc = subprocess.Popen([sys.executable, "-m", "latscope.stream_target", "--port", "0", "--ttft-ms", str(ttft_ms),
+                             "--itl-ms", str(itl_ms), "--tokens", str(tokens)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("ready http://"), line
+        yield line.split()[1]
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ from latscope.records import Outcome, Request
 from latscope.run import run_scenario
 from latscope.scenario import scenario_from_dict
 
-from conftest import REPO, serve
+from conftest import serve, stream_target_process
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference_server"))  # refserver.py: shared helpers
 import refserver  # noqa: E402
@@ -40,15 +39,8 @@ cache, logs = refserver.cache, refserver.logs
 @pytest.fixture(scope="module")
 def stream_target() -> Iterator[str]:
     """`python -m latscope.stream_target` as a process: ttft 40 ms, itl 15 ms, 10 tokens by default."""
-    proc = subprocess.Popen([sys.executable, "-m", "latscope.stream_target", "--port", "0", "--ttft-ms", "40",
-                             "--itl-ms", "15", "--tokens", "10"], cwd=REPO, stdout=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("ready http://"), line
-        yield line.split()[1]
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with stream_target_process(ttft_ms=40, itl_ms=15, tokens=10) as url:
+        yield url
 
 
 def _scenario(url: str, classes: list[dict], tmp_path: Path | None = None, phases: list[dict] | None = None,

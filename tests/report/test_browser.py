@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -22,7 +20,7 @@ import pytest
 from aiohttp import web
 
 from browser_cdp import Browser, chromium_path
-from conftest import REPO, serve
+from conftest import REPO, serve, stream_target_process
 from latscope.report import write_compare, write_report
 from latscope.run import run_scenario
 from latscope.scenario import scenario_from_dict
@@ -64,15 +62,8 @@ def _target_app(replica: str) -> web.Application:
 
 @pytest.fixture(scope="module")
 def streamer() -> Iterator[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "latscope.stream_target", "--port", "0", "--ttft-ms", "15",
-                             "--itl-ms", "4", "--tokens", "8"], cwd=REPO, stdout=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("ready http://"), line
-        yield line.split()[1]
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with stream_target_process(ttft_ms=15, itl_ms=4, tokens=8) as url:
+        yield url
 
 
 def _run(tmp: Path, streamer: str, replica: str, phase: str, rate: float) -> Path:
