@@ -8,7 +8,9 @@ taken just before the chunk goes to the socket, so a client on the same host can
 arrival stamps with the true write times. It is cheap per chunk (a raw asyncio.Protocol on uvloop,
 httptools parsing, one pending deadline per stream, no task per token), to hold 1,000+ streams.
 
-Routes: POST /v1/completions, POST /v1/chat/completions, GET /health, GET /v1/models. The first token
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /health, GET /v1/models, and GET /stats:
+how late the server's own timer sent tokens since the last /stats (p50, p99, max in µs), so that a
+test can tell the server's jitter from the client's. The first token
 leaves `ttft_ms` after the request is read, then one every `itl_ms`; the request body may override
 `ttft_ms` and `itl_ms`, and give `token_gaps_ms` (the gap before each token after the first; without
 `max_tokens` it also sets the count, to len + 1). Faults, by `model`, for streams of >= 2 tokens:
@@ -40,6 +42,7 @@ MAX_BODY_BYTES = 1 << 20
 MAX_HEADER_BYTES = 32 << 10
 MAX_TOKENS = 100_000
 MAX_QUEUED = 8  # pipelined requests waiting behind a response before the socket stops being read
+MAX_LATE_SAMPLES = 1_000_000  # timer lateness kept between two `GET /stats`
 EARLY_NS = 50_000  # deadlines this close are run together: fewer wakeups, no token more than 50 µs early
 REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 405: b"Method Not Allowed",
            413: b"Payload Too Large", 431: b"Request Header Fields Too Large", 500: b"Internal Server Error"}
@@ -87,6 +90,7 @@ class Ticker:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop, self.heap, self.seq, self.firing, self.fd = loop, [], itertools.count(), False, -1
+        self.late_us: list[int] = []  # how late each callback ran, since the last `GET /stats` (bounded)
         if sys.platform == "linux":
             self.libc = ctypes.CDLL(None, use_errno=True)
             self.spec = (ctypes.c_long * 4)()  # struct itimerspec: interval 0, then the deadline
@@ -125,8 +129,10 @@ class Ticker:
     def _fire(self) -> None:
         heap, self.firing = self.heap, True
         while heap and heap[0][0] <= time.perf_counter_ns() + EARLY_NS:
-            callback = heapq.heappop(heap)[2]
+            due_ns, _, callback = heapq.heappop(heap)
             if callback is not None:
+                if len(self.late_us) < MAX_LATE_SAMPLES:
+                    self.late_us.append(max(0, time.perf_counter_ns() - due_ns) // 1000)
                 try:
                     callback()
                 except Exception as exc:  # the timer must be re-armed, whatever happens
@@ -212,7 +218,9 @@ class StreamProtocol(asyncio.Protocol):
         method, url, body, self.keep_alive = self.queue.popleft()
         self.busy, self.t_read = True, time.perf_counter_ns()
         path = url.split(b"?", 1)[0]
-        if path in (b"/health", b"/v1/models") and method == b"GET":
+        if path == b"/stats" and method == b"GET":
+            self._respond(200, self._stats())
+        elif path in (b"/health", b"/v1/models") and method == b"GET":
             self._respond(200, {"status": "ready"} if path == b"/health" else {"object": "list", "data": [
                 {"id": "latscope-stream", "object": "model", "created": 0, "owned_by": "latscope"}]})
         elif path in (b"/v1/completions", b"/v1/chat/completions") and method == b"POST":
@@ -221,6 +229,15 @@ class StreamProtocol(asyncio.Protocol):
             self._respond(405, _error(f"method {method.decode('latin-1')} not allowed"))
         else:
             self._respond(404, _error(f"no route {path.decode('latin-1')}", "not_found_error"))
+
+    def _stats(self) -> dict:
+        """How late this server sent its tokens (its timer's lateness) since the last call: the server's
+        own share of any gap error, which a client's measurement can then be judged without."""
+        late, self.ticker.late_us = sorted(self.ticker.late_us), []
+        if not late:
+            return {"tokens_timed": 0}
+        return {"tokens_timed": len(late), "late_p50_us": late[len(late) // 2],
+                "late_p99_us": late[min(len(late) - 1, int(0.99 * len(late)))], "late_max_us": late[-1]}
 
     def _head(self, status: int, ctype: bytes, framing: bytes) -> bytes:
         return (b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s\r\nServer-Timing: queue;dur=0.000, compute;dur=%.3f\r\n"

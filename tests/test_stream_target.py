@@ -184,6 +184,16 @@ def test_default_token_count_and_token_times(server: tuple[subprocess.Popen[str]
         pytest.fail(f"first token (ms after send) and gaps off schedule in 3 tries: {seen}")
 
 
+def test_stats_report_the_timers_lateness_since_the_last_call(server: tuple[subprocess.Popen[str], int]) -> None:
+    _, port = server
+    fetch(port, "/stats", method="GET")  # start afresh
+    assert len(completion(port, ttft_ms=5, itl_ms=5, max_tokens=6).tokens()) == 6
+    stats = json.loads(fetch(port, "/stats", method="GET").body)
+    assert stats["tokens_timed"] >= 6  # each token is one timer callback (plus the final chunk's)
+    assert 0 <= stats["late_p50_us"] <= stats["late_p99_us"] <= stats["late_max_us"]
+    assert json.loads(fetch(port, "/stats", method="GET").body) == {"tokens_timed": 0}  # read resets
+
+
 def test_irregular_gaps(server: tuple[subprocess.Popen[str], int]) -> None:
     r = completion(server[1], ttft_ms=5, token_gaps_ms=[2, 30, 8])
     offsets = [(tok["t_ns"] - r.t_send) / 1e6 for tok in r.tokens()]

@@ -8,6 +8,7 @@ import asyncio
 import json
 import random
 import sys
+import urllib.request
 import time
 from pathlib import Path
 from typing import Iterator
@@ -41,6 +42,11 @@ def stream_target() -> Iterator[str]:
     """`python -m latscope.stream_target` as a process: ttft 40 ms, itl 15 ms, 10 tokens by default."""
     with stream_target_process(ttft_ms=40, itl_ms=15, tokens=10) as url:
         yield url
+
+
+def _get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read())
 
 
 def _scenario(url: str, classes: list[dict], tmp_path: Path | None = None, phases: list[dict] | None = None,
@@ -313,7 +319,11 @@ def test_run_records_ttft_itl_tpot_and_tokens(stream_target, tmp_path):
     scenario = _scenario(stream_target, classes, tmp_path, phases)
 
     def attempt() -> str | None:
+        _get_json(f"{stream_target}/stats")  # the server's own lateness from here on
         s = run_scenario(scenario, workers=1).summary
+        # A token the server's timer sent late lengthens its gap by that lateness, so the client is
+        # judged on the gaps less the server's own lateness (its p99 bounds the p99 of the excess).
+        server_late_ms = _get_json(f"{stream_target}/stats").get("late_p99_us", 0) / 1000
         assert s["requests"]["completed"] == s["requests"]["sent"] == 40, s["error_examples"]
         done = {name: s["requests_by_class"][name]["completed"] for name in ("chat", "comp", "counted")}
         assert all(done.values())
@@ -326,8 +336,9 @@ def test_run_records_ttft_itl_tpot_and_tokens(stream_target, tmp_path):
             assert metrics["server.compute"][name]["count"] == count
             itl, tpot, ttft = metrics["itl"][name], metrics["tpot"][name], metrics["ttft"][name]
             if (abs(itl["p50_ms"] - 15) > ITL_TOLERANCE_MS or abs(tpot["p50_ms"] - 15) > ITL_TOLERANCE_MS
-                    or (name == "all" and abs(itl["p99_ms"] - 15) > ITL_TOLERANCE_MS) or not 40 <= ttft["p50_ms"] < 45):
-                misses.append(f"{name}: itl {itl}, tpot {tpot}, ttft {ttft}")
+                    or (name == "all" and abs(itl["p99_ms"] - 15) > ITL_TOLERANCE_MS + server_late_ms)
+                    or not 40 <= ttft["p50_ms"] < 45):
+                misses.append(f"{name}: itl {itl}, tpot {tpot}, ttft {ttft}, server timer late p99 {server_late_ms} ms")
         tokens = s["tokens"]
         assert tokens["chat"] == {**tokens["chat"], "prompt_tokens": 5 * done["chat"],
                                   "output_tokens": 20 * done["chat"], "output_count_source": "usage"}
