@@ -127,7 +127,8 @@ def run_scenario(
         finally:
             run.close()
     summary = run.write_summary(started_wall)
-    _write_report(run_dir)
+    if scenario.output.report:
+        _write_report(run_dir)
     if run.failure:
         raise RunError(f"{run.failure}; partial results in {run_dir}")
     return RunResult(run_dir, summary)

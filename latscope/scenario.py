@@ -677,6 +677,7 @@ class Output(_Model):
     dir: str = "results"
     interval: Annotated[Duration, Field(ge=0.1)] = 1.0
     save_schedule: bool = True
+    report: bool = True  # report.html + summary.md at the end (`latscope report` can write them later)
 
 
 class Validity(_Model):

@@ -98,7 +98,7 @@ class GateResult:
 # --------------------------------------------------------------------------------------------------
 
 
-def load_run(run_dir: str | Path, metrics: set[str]) -> GateRun:
+def gate_run(run_dir: str | Path, metrics: set[str]) -> GateRun:
     """Summary, measured (non-warm-up) per-interval counts of `metrics`, and the scenario's SLOs of
     a results directory or a baseline saved by `latscope baseline save`. Warm-up intervals are told
     apart as the rest of the analysis does (analysis/run_data.py)."""
@@ -255,6 +255,6 @@ def evaluate(new: GateRun, base: GateRun | None, gate_file: GateFile) -> GateRes
 def gate(results_dir: str | Path, baseline_dir: str | Path | None, gate_file: GateFile) -> GateResult:
     """Load the run (and the baseline) and evaluate the gate."""
     metrics = {c.metric for c in gate_file.regression.checks} if baseline_dir is not None else set()
-    new = load_run(results_dir, metrics)
-    base = load_run(baseline_dir, metrics) if baseline_dir is not None else None
+    new = gate_run(results_dir, metrics)
+    base = gate_run(baseline_dir, metrics) if baseline_dir is not None else None
     return evaluate(new, base, gate_file)

@@ -302,3 +302,14 @@ def test_compare_header_stamps_each_run_and_says_when_the_comparison_is_weaker(c
     assert "This comparison is weaker" in (tmp_path / "c.md").read_text()
     same = write_compare(base, base, tmp_path / "same.html", cdn=True)[0].read_text()
     assert "This comparison is weaker" not in same and same.split("</header>")[0].count('<span class="stamp valid">') == 2
+
+
+def test_output_report_false_writes_no_report(tmp_path):
+    scenario = scenario_from_dict({
+        "name": "quiet", "target": {"url": f"http://127.0.0.1:{free_port()}", "timeout": 2},
+        "phases": [{"name": "p", "duration": 0.5, "arrival": {"type": "constant", "rate": 4}}],
+        "output": {"dir": str(tmp_path), "report": False}})
+    run_dir = run_scenario(scenario, workers=1).run_dir
+    assert (run_dir / "summary.json").exists()
+    assert not (run_dir / "report.html").exists() and not (run_dir / "summary.md").exists()
+
