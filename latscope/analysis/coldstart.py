@@ -25,7 +25,12 @@ per request):
   each (the first window is the first N's), so that each p50 rests on as many requests as the
   first N's does. Only "above" counts: a cold start is a slowdown, and a fast window is no sign
   of one.
-- *Cold*: first p50 more than 1.5 × steady p50.
+- *Cold*: the first N's p50 more than 1.5 × the steady p50 (a slow first stretch), or their max more
+  than 1.5 × the steady max (a few requests that waited for a model load, slower than anything the
+  steady state came near: often only the first one or two requests pay a load, and the p50 of
+  the first N then hides it). If the first N and the M steady requests were alike (exchangeable),
+  the first N would hold the largest of all of them with probability N / (N + M), and exceed it by
+  half again far more rarely; `cold_by` says which rule fired.
 
 Warm-up phases are analysed too, and their starts (and replicas first seen during one) are
 flagged "warmup": True.
@@ -54,7 +59,7 @@ def cold_starts(run: RunData, first_n: int = FIRST_N) -> list[dict]:
      "slowdown_p50": first_p50 / steady_p50 (None without a steady state),
      "time_to_steady_s": seconds from at_s until the interval p50 stays within 20% of steady (None if never;
                          "interval": a window of at least N requests, see the module docstring),
-     "cold": bool (first_p50 > 1.5 × steady_p50)}
+     "cold": bool (first p50 > 1.5 × steady p50, or first max > 1.5 × steady max), "cold_by": "p50" | "max" | None}
     Warm-up phases are analysed too (cold starts often happen there) and flagged "warmup": True.
     Also: "metric", "class", "warmup", "first_until_s" (end of the first-N intervals),
     "steady_from_s" (start of the steady intervals, None without a steady state) and, for a
@@ -112,15 +117,21 @@ def _analyse(intervals: ClassIntervals, at_s: float, end_s: float, first_n: int)
         "steady_count": steady["count"],
         "steady_p50_ms": steady.get("p50_ms"),
         "steady_p99_ms": steady.get("p99_ms"),
+        "steady_max_ms": steady.get("max_ms"),
         "steady_from_s": round(float(intervals.start_s[steady_positions[0]]), 6) if steady["count"] else None,
         "slowdown_p50": None,
         "time_to_steady_s": None,
         "cold": False,
+        "cold_by": None,
     }
     if steady["count"] and steady["p50_ms"] > 0:
         steady_p50 = steady["p50_ms"]
         entry["slowdown_p50"] = round(first["p50_ms"] / steady_p50, 3)
-        entry["cold"] = first["p50_ms"] > COLD_RATIO * steady_p50
+        if first["p50_ms"] > COLD_RATIO * steady_p50:
+            entry["cold_by"] = "p50"
+        elif first["max_ms"] > COLD_RATIO * steady["max_ms"]:
+            entry["cold_by"] = "max"
+        entry["cold"] = entry["cold_by"] is not None
         windows = _windows(totals, first_n)
         p50_ms = np.array([intervals.span_percentile(50.0, positions[a], positions[b - 1]) for a, b in windows]) / 1000
         above = np.flatnonzero(p50_ms > (1 + STEADY_BAND) * steady_p50)

@@ -547,13 +547,14 @@ def coldstart_panel(starts: list[dict], base_starts: list[dict] | None = None) -
         f"<tr class=\"{'bad' if c.get('cold') else ''}\">{run_cell(run)}<td>{labels[i]}{' (warm-up)' if c.get('warmup') else ''}</td>"
         f"<td class=n>{c.get('first_count', 0):,}</td><td class=n>{_num(c.get('first_p50_ms'))}</td><td class=n>{_num(c.get('first_max_ms'))}</td>"
         f"<td class=n>{_num(c.get('steady_p50_ms'))}</td><td class=n>{_num(c.get('slowdown_p50'), '.2f')}{'×' if c.get('slowdown_p50') is not None else ''}</td>"
-        f"<td class=n>{_num(c.get('time_to_steady_s'), '.1f', 'never')}</td><td>{'yes' if c.get('cold') else 'no'}</td></tr>"
+        f"<td class=n>{_num(c.get('time_to_steady_s'), '.1f', 'never')}</td><td>{'yes (' + c['cold_by'] + ')' if c.get('cold') and c.get('cold_by') else 'yes' if c.get('cold') else 'no'}</td></tr>"
         for i, (run, c) in enumerate(entries))
     panel.html = ("<table><tr>" + ("<th>run</th>" if compare else "") + "<th>start</th><th>first requests</th><th>first p50 ms</th>"
                   "<th>first max ms</th><th>steady p50 ms</th><th>slowdown p50</th><th>time to steady (s)</th><th>cold?</th></tr>"
                   + rows + "</table>")
     panel.note = ("Each start (the run, each phase, each replica the target added) compares its first requests with the "
-                  "steady state after it. A start is cold when its first p50 is more than 1.5× the steady p50.")
+                  "steady state after it. A start is cold when its first p50 is more than 1.5× the steady p50, or its "
+                  "first max more than 1.5× the steady max (a request or two that waited for a model load).")
     return panel
 
 

@@ -99,3 +99,32 @@ def test_first_n_merges_whole_intervals(run):
     assert new["first_max_ms"] == hdr_ms([200 * MS])["max_ms"]
     # default N = 20: the same two intervals
     assert {s["label"]: s for s in cold_starts(run)}["r1_two_x"]["first_count"] == 20
+
+
+def one_slow_first(slow_ms: int, steady_outlier_ms: int):
+    """A replica whose very first request waited `slow_ms` (a model load), then 10 ms; one steady
+    request late in the run takes `steady_outlier_ms`."""
+    def record(k, rec, phase):
+        values = [10 * MS] * 10
+        if k == 1:
+            values[0] = slow_ms * MS
+        if k == 8:
+            values[0] = steady_outlier_ms * MS
+        record_all(rec, REPLICA_METRIC, "r1", values if k >= 1 else [], phase.warmup)
+        record_all(rec, "latency", "default", [10 * MS] * 10, phase.warmup)
+    return record
+
+
+@pytest.mark.parametrize("slow_ms, outlier_ms, cold_by", [
+    (250, 20, "max"),  # one request paid a 250 ms load: p50 of the first 10 is 10 ms, the max gives it away
+    (25, 20, None),    # the first max within 1.5 x of a steady max: nothing steady state does not also do
+    (250, 200, None),  # the steady state has its own 200 ms request: a 250 ms first one is not out of the ordinary
+])
+def test_a_single_slow_first_request_is_cold_by_max(tmp_path, slow_ms, outlier_ms, cold_by):
+    path = write_run(tmp_path / "run", [("main", 0.0, 10.0, False)], one_slow_first(slow_ms, outlier_ms),
+                     events=[{"event": "replica_first_seen", "t_s": 1.0, "replica": "r1"}])
+    (replica,) = [s for s in cold_starts(load_run(path), first_n=10) if s["kind"] == "replica"]
+    assert replica["first_p50_ms"] == hdr_ms([10 * MS])["p50_ms"] and replica["slowdown_p50"] == 1.0
+    assert replica["steady_max_ms"] == hdr_ms([outlier_ms * MS])["max_ms"]
+    assert (replica["cold_by"], replica["cold"]) == (cold_by, cold_by is not None)
+

@@ -91,9 +91,9 @@ def test_a_replica_added_without_prewarm_is_found_cold(cache, logs, tmp_path):
     # first seen when it answered its first request: after it was added, once started and loaded
     assert added["at_s"] - 0.3 <= new["at_s"] < DURATION_S, (added, new)
     # Its first requests waited for the model to load: the first of them by the whole load (tens to
-    # hundreds of ms against ~10 ms), the others by what was left of it when they came.
-    assert new["cold"] is True and new["first_p50_ms"] > 1.5 * new["steady_p50_ms"], new
-    assert new["first_max_ms"] > 3 * new["steady_p50_ms"], new
+    # hundreds of ms against ~10 ms), the others by what was left of it when they came — on a busy
+    # machine the load may be over after one or two of them, so the max, not the p50, shows it.
+    assert new["cold"] is True and new["first_max_ms"] > 3 * new["steady_p50_ms"], new
     assert new["time_to_steady_s"] is None or 0 <= new["time_to_steady_s"] < DURATION_S
     # The replica the run started with was pre-warmed: over the default N (20 requests, so that a
     # scheduling hiccup on a busy machine does not decide it, all sent before the new replica's start
