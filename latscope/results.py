@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Collection, TextIO
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from latscope.errors import ScenarioError
+from latscope.errors import ResultsError, ScenarioError
 from latscope.hlog import read_hlog
 
 if TYPE_CHECKING:
@@ -128,8 +128,21 @@ def read_summary(run_dir: str | Path) -> dict:
 
 
 def read_events(run_dir: str | Path) -> list[dict]:
+    """events.jsonl's events. The torn last line of a run that was killed mid-write is left out;
+    any other line that is not JSON is a ResultsError naming it."""
     path = Path(run_dir) / EVENTS
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = path.read_text().splitlines()
+    events = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            events.append(json.loads(line))
+        except ValueError as exc:
+            if number == len(lines):
+                continue
+            raise ResultsError(f"{path}:{number}: not a JSON event ({exc})") from None
+    return events
 
 
 Interval = tuple[float, float, "HdrHistogram"]  # (start_s from the run's start, length_s, histogram)

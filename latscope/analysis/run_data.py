@@ -27,7 +27,6 @@ from latscope.errors import ResultsError
 from latscope.hlog import read_sparse
 from latscope.recorder import bucket_bounds, from_sparse, new_histogram
 
-TELEMETRY = "telemetry.parquet"
 TELEMETRY_COLUMNS = ("t_s", "source", "device", "metric", "value")
 
 _LAYOUT = new_histogram()  # our histograms' layout, and a helper for index -> value lookups
@@ -159,28 +158,16 @@ def load_run(path: str | Path) -> RunData:
         raise ResultsError(f"{summary_path}: schema_version {summary['schema_version']} is newer than this "
                            f"latscope reads ({results.SCHEMA_VERSION}); upgrade latscope")
     return RunData(path, summary, _events(path / results.EVENTS), _timeseries(path / results.TIMESERIES),
-                   _telemetry(path / TELEMETRY))
+                   _telemetry(path / results.TELEMETRY))
 
 
 def _events(path: Path) -> list[dict]:
     if not path.exists():
         return []
     try:
-        lines = path.read_text().splitlines()
+        return results.read_events(path.parent)
     except OSError as exc:
         raise ResultsError(f"{path}: unreadable ({exc})") from None
-    events = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            events.append(json.loads(line))
-        except ValueError as exc:
-            if number == len(lines):  # the torn last line of a run that was killed
-                continue
-            raise ResultsError(f"{path}:{number}: not a JSON event ({exc})") from None
-    return events
-
 
 def _parquet(path: Path) -> pd.DataFrame:
     try:
