@@ -26,9 +26,9 @@ from conftest import serve
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference_server"))  # refserver.py: shared helpers
 import refserver  # noqa: E402
-from refserver import running_server, running_with_grpc  # noqa: E402
+from refserver import running_with_grpc  # noqa: E402
 
-cache, logs = refserver.cache, refserver.logs  # module-scoped fixtures, bound here so pytest finds them
+cache, logs, identity = refserver.cache, refserver.logs, refserver.identity  # module-scoped fixtures, bound here so pytest finds them
 
 PHASE = [{"name": "p", "duration": 1, "arrival": {"type": "constant", "rate": 1}}]
 
@@ -79,15 +79,6 @@ def send_each(data: dict, order: list[tuple[int, int]]):
 @pytest.fixture(scope="module")
 def encoder(cache, logs):
     with running_with_grpc(cache, logs, "--max-queue-delay-us", "0", "--no-generator") as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def identity(cache, logs):
-    """The built-in identity model (FP32 x [batch, 384] -> y): every millisecond is transport and serialization."""
-    with running_server(logs, "--http-port", "0", "--grpc-port", "0", "--builtin", "identity", "--model-name",
-                        "identity", "--no-generator", "--max-queue-delay-us", "0", "--cache-dir", str(cache),
-                        need=("ready", "ready-grpc")) as server:
         yield server
 
 

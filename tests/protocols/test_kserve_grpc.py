@@ -25,9 +25,8 @@ from conftest import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference_server"))  # refserver.py: shared helpers
 import refserver  # noqa: E402
-from refserver import running_server  # noqa: E402
 
-cache, logs = refserver.cache, refserver.logs  # module-scoped fixtures, bound here so pytest finds them
+cache, logs, identity = refserver.cache, refserver.logs, refserver.identity  # module-scoped fixtures, bound here so pytest finds them
 
 X = {"name": "x", "datatype": "FP32", "shape": [2, 384], "low": -1, "high": 1}
 
@@ -48,14 +47,6 @@ async def send_all(scenario, order: list[int]):
         return [await client.infer(Request(i, time.perf_counter_ns(), cls, False, item=i)) for i, cls in enumerate(order)]
     finally:
         await client.close()
-
-
-@pytest.fixture(scope="module")
-def identity(cache, logs):
-    with running_server(logs, "--http-port", "0", "--grpc-port", "0", "--builtin", "identity", "--model-name",
-                        "identity", "--no-generator", "--max-queue-delay-us", "0", "--cache-dir", str(cache),
-                        need=("ready", "ready-grpc")) as server:
-        yield server
 
 
 def test_reference_server_statuses_become_error_kinds(identity):

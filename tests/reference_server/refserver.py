@@ -180,6 +180,16 @@ def logs(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("ref-logs")
 
 
+@pytest.fixture(scope="module")
+def identity(cache: Path, logs: Path) -> Iterator[Server]:
+    """The built-in identity model (FP32 x [batch, 384] -> y) over HTTP and gRPC, no batching delay:
+    every millisecond is transport and serialization."""
+    with running_server(logs, "--http-port", "0", "--grpc-port", "0", "--builtin", "identity", "--model-name",
+                        "identity", "--no-generator", "--max-queue-delay-us", "0", "--cache-dir", str(cache),
+                        need=("ready", "ready-grpc")) as server:
+        yield server
+
+
 # --- talking to it -------------------------------------------------------------------------------------
 
 def http(method: str, url: str, body: bytes | None = None, headers: dict | None = None, timeout: float = 30):
