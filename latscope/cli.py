@@ -4,6 +4,7 @@ exit codes: 0 ok, 1 the run failed or was cut short, 2 bad input (scenario, flag
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -113,9 +114,15 @@ def baseline_save(results_dir: Path, path: Path, metrics: tuple[str, ...]) -> No
 @click.option("--workers", type=click.IntRange(min=1), help="Worker processes (default: one per CPU core).")
 @click.option("--quiet", is_flag=True, help="No live progress.")
 @click.option("--gate", "run_gate", is_flag=True, help="Gate the run at the end (exit codes as `latscope gate`).")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="Serve live Prometheus metrics on this port during the run (0: a free one; the URL is printed).")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True,
+              help="Address of the live metrics endpoint. Binding anything but loopback exposes the run's "
+                   "data (rates, latencies, scenario name) to the network, without authentication.")
 @_gate_options
 def run(scenario_file: Path, out: Path | None, overrides: tuple[str, ...], workers: int | None, quiet: bool,
-        run_gate: bool, baseline: Path | None, slo_file: Path | None, junit: Path | None, markdown: Path | None) -> None:
+        run_gate: bool, metrics_port: int | None, metrics_host: str, baseline: Path | None, slo_file: Path | None,
+        junit: Path | None, markdown: Path | None) -> None:
     """Run SCENARIO_FILE and write a results directory."""
     from latscope.console import ProgressDisplay, print_summary
     from latscope.run import run_scenario
@@ -125,7 +132,8 @@ def run(scenario_file: Path, out: Path | None, overrides: tuple[str, ...], worke
     try:
         scenario = load_scenario(scenario_file, overrides)
         with ProgressDisplay(console, enabled=not quiet) as display:
-            result = run_scenario(scenario, out=out, workers=workers, on_progress=display)
+            result = run_scenario(scenario, out=out, workers=workers, on_progress=display,
+                                  metrics_port=metrics_port, metrics_host=metrics_host)
     except ScenarioError as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
     except (RunError, LatscopeError) as exc:
@@ -167,6 +175,13 @@ def validate(scenario_file: Path, overrides: tuple[str, ...]) -> None:
             if lengths.any():
                 p50, p99 = np.percentile(lengths, [50, 99])
                 click.echo(f"        {label}: min {lengths.min()}, p50 {p50:.0f}, p99 {p99:.0f}, max {lengths.max()}")
+    for action, at in zip(scenario.actions, scenario.action_times(plan)):
+        what = {"command": lambda a: f"command {a.command if isinstance(a.command, str) else shlex.join(a.command)}",
+                "http": lambda a: f"http {a.http.method} {a.http.url}", "restart": lambda a: "restart the launched target"}
+        line = what[action.kind](action)
+        for secret in scenario.action_secrets():  # a token from ${ENV} in a command line stays off the screen
+            line = line.replace(secret, "<redacted>")
+        click.echo(f"  action {action.name:<15} at {at:7.1f} s  {line}")
 
 
 @main.command()

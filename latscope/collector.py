@@ -44,8 +44,14 @@ class Collector:
         self.completed_intervals = 0
         self.last_in_flight = 0
         self.last_interval: dict[str, int] = {}  # counters of the latest complete interval, all classes
-        self.replicas: dict[str, int] = {}  # replica id -> perf_counter_ns of its first response
-        self.new_replicas: list[tuple[str, int]] = []  # first seen since the run last took them
+        # merged histograms of the latest complete interval, metric -> class -> histogram, warm-up included
+        self.last_histograms: dict[str, dict[str, HdrHistogram]] = {}
+        # replica id -> (perf_counter_ns, latency µs; None for an error) of its first response
+        self.replicas: dict[str, tuple[int, int | None]] = {}
+        self.new_replicas: list[tuple[str, int, int | None]] = []  # first seen since the run last took them
+        self.first_ok: tuple[int, int] | None = None  # (end ns, latency µs) of the run's first successful response
+        self.new_first_ok = False  # first_ok was set since the run last looked
+        self.new_probes: list[dict] = []  # probe outcomes (engine.py) since the run last took them
         self._pending: dict[int, list[dict]] = defaultdict(list)
         # Scheduled requests per (interval, class, warmup), for the offered rate over time.
         self._scheduled: dict[tuple[int, str, bool], int] = {}
@@ -85,11 +91,22 @@ class Collector:
                 key = (self.plan.class_names[ci], warmup)
                 counts[key] += row
                 self.counters[key] += row
-            for replica, first_ns in report.get("replicas", {}).items():
-                if replica not in self.replicas:
-                    self.replicas[replica] = first_ns
-                    self.new_replicas.append((replica, first_ns))
+            self.new_probes.extend(report.get("probes", ()))
+        # Workers report in no particular order: the earliest response wins, whichever worker saw it.
+        firsts = [r["first_ok"] for r in reports if r.get("first_ok")]
+        if firsts and self.first_ok is None:
+            self.first_ok = min(map(tuple, firsts))
+            self.new_first_ok = True
+        seen: dict[str, tuple[int, int | None]] = {}
+        for report in reports:
+            for replica, first in report.get("replicas", {}).items():
+                if replica not in self.replicas and (replica not in seen or first[0] < seen[replica][0]):
+                    seen[replica] = tuple(first)
+        for replica, first in sorted(seen.items(), key=lambda item: item[1][0]):
+            self.replicas[replica] = first
+            self.new_replicas.append((replica, *first))
         self.last_in_flight = sum(r["in_flight"] for r in reports)
+        self.last_histograms = interval
         self._write(k, interval, counts)
 
     def _write(self, k: int, interval: dict, counts: dict) -> None:

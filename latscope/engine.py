@@ -95,6 +95,7 @@ class Engine:
         report: Callable[[dict], None],
         should_stop: Callable[[], bool],
         precise_timer: bool,
+        probes: frozenset[int] = frozenset(),
     ):
         self.client = client
         self.intended_ns, self.seq, self.cls, self.warmup = intended_ns, seq, cls, warmup
@@ -109,11 +110,15 @@ class Engine:
         self.report = report
         self.should_stop = should_stop
         self.spin_ns = SPIN_NS if precise_timer else 0
+        self.probes = probes  # plan indices of requests reported one by one (plan.after_idle)
 
         self.recorder = Recorder()
         self.counters: dict[tuple[int, bool], list[int]] = {}
         self.error_examples: dict[str, list[str]] = {}
-        self.replicas_new: dict[str, int] = {}  # replica id -> perf_counter_ns of its first response, since the last report
+        # replica id -> (perf_counter_ns, latency µs or None for an error) of its first response, since the last report
+        self.replicas_new: dict[str, tuple[int, int | None]] = {}
+        self.first_ok: tuple[int, int] | None = None  # (end ns, latency µs) of this worker's first successful response
+        self.probes_new: list[dict] = []  # outcomes of probe requests, since the last report
         self._replica_classes: dict[str, str] = {}  # replica id -> its class under REPLICA_METRIC
         self.in_flight = 0
         self.consumed = 0  # how many of this worker's planned requests were sent, dropped or skipped
@@ -203,12 +208,18 @@ class Engine:
         name, warm = self.class_names[request.cls], request.warmup
         record = self.recorder.record
         record("send_lag", name, (outcome.sent_ns - request.intended_ns) // 1000, warm)
+        latency_us = (outcome.end_ns - request.intended_ns) // 1000
+        if request.seq in self.probes:
+            self.probes_new.append({"seq": request.seq, "end_ns": outcome.end_ns, "latency_us": latency_us,
+                                    "error": outcome.error, "replica": outcome.replica})
         replica = outcome.replica
         if replica is not None:
-            replica = self._replica_classes.get(replica) or self._first_seen(replica, outcome.end_ns)
+            replica = self._replica_classes.get(replica) or self._first_seen(
+                replica, outcome.end_ns, latency_us if outcome.error is None else None)
         if outcome.error is None:
             self._count(request.cls, warm, COMPLETED)
-            latency_us = (outcome.end_ns - request.intended_ns) // 1000
+            if self.first_ok is None:
+                self.first_ok = (outcome.end_ns, latency_us)
             record("latency", name, latency_us, warm)
             if replica is not None:
                 record(REPLICA_METRIC, replica, latency_us, warm)
@@ -233,9 +244,9 @@ class Engine:
             if len(examples) < MAX_ERROR_EXAMPLES and outcome.reason not in examples:
                 examples.append(outcome.reason)
 
-    def _first_seen(self, replica: str, end_ns: int) -> str:
+    def _first_seen(self, replica: str, end_ns: int, latency_us: int | None) -> str:
         """Note a replica's first response; its class under REPLICA_METRIC (see replica_class)."""
-        self.replicas_new[replica] = end_ns
+        self.replicas_new[replica] = (end_ns, latency_us)
         cls = replica_class(replica) if len(self._replica_classes) < MAX_REPLICA_CLASSES else OTHER_REPLICAS
         self._replica_classes[replica] = cls
         return cls
@@ -293,6 +304,7 @@ class Engine:
         histograms, clamped = self.recorder.snapshot()
         counters, self.counters = self.counters, {}
         replicas, self.replicas_new = self.replicas_new, {}
+        probes, self.probes_new = self.probes_new, []
         self.report(
             {
                 "type": "interval",
@@ -302,6 +314,8 @@ class Engine:
                 "counters": counters,
                 "in_flight": self.in_flight,
                 "replicas": replicas,
+                "probes": probes,
+                "first_ok": self.first_ok,
             }
         )
         self._interval += 1
@@ -372,7 +386,7 @@ def _run_loop(coro: Any) -> Any:
 
 
 async def _worker(spec: WorkerSpec, queue: Any, start_event: Any, t0_value: Any, stop_event: Any) -> None:
-    from latscope.plan import build_plan
+    from latscope.plan import after_idle, build_plan
     from latscope.protocols import make_client
 
     scenario = spec.scenario
@@ -417,6 +431,7 @@ async def _worker(spec: WorkerSpec, queue: Any, start_event: Any, t0_value: Any,
         drain_timeout_s=scenario.target.timeout + 1.0,
         report=report,
         should_stop=should_stop,
+        probes=frozenset(np.intersect1d(after_idle(plan)[0], mine).tolist()),
     )
     # Freeze what exists now (plan, imports) out of the collector's reach and make young
     # collections rarer: fewer client pauses while measuring. Pauses still happen and are recorded.

@@ -32,6 +32,8 @@ class LaunchedTarget:
     process: subprocess.Popen
     log_path: Path
     ready_after_s: float
+    started_ns: int = 0  # perf_counter_ns when the process was started (Popen)
+    ready_ns: int = 0  # perf_counter_ns when it was found ready (0 until then)
 
     def exit_code(self) -> int | None:
         return self.process.poll()
@@ -64,6 +66,7 @@ def start_target(launch: Launch, cwd: Path, log_path: Path, should_stop: Callabl
     run for a moment without exiting). `should_stop` lets Ctrl-C end the wait."""
     argv = _command(launch)
     started = time.monotonic()
+    started_ns = time.perf_counter_ns()
     with open(log_path, "ab") as log:
         try:
             process = subprocess.Popen(
@@ -77,7 +80,7 @@ def start_target(launch: Launch, cwd: Path, log_path: Path, should_stop: Callabl
             )
         except OSError as exc:
             raise RunError(f"cannot launch target {shlex.join(argv)}: {exc}") from exc
-    target = LaunchedTarget(process, log_path, 0.0)
+    target = LaunchedTarget(process, log_path, 0.0, started_ns)
     deadline = started + launch.ready_timeout
     while True:
         code = process.poll()
@@ -98,7 +101,8 @@ def start_target(launch: Launch, cwd: Path, log_path: Path, should_stop: Callabl
                 f"its last output:\n{_tail(log_path)}"
             )
         time.sleep(READY_POLL_S)
-    target.ready_after_s = time.monotonic() - started
+    target.ready_ns = time.perf_counter_ns()
+    target.ready_after_s = (target.ready_ns - started_ns) / 1e9
     return target
 
 

@@ -17,6 +17,9 @@ from latscope.scenario import Phase, Scenario
 from latscope.workload import draw_lengths, seed_streams
 
 DEFAULT_PROMPT_TOKENS = 32  # an openai class that gives neither prompt_tokens nor a dataset
+# A gap of at least this long in the schedule (a trace's lull) counts as idle, like an idle phase:
+# long enough for a target that scales to zero to have done so on a short timeout.
+IDLE_GAP_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,8 @@ def _phase_offsets(phase: Phase, scenario: Scenario, rng: np.random.Generator) -
             return arrivals.steps(a.rates, a.step, d, a.spacing, rng), d, {}
         case "spike":
             return arrivals.spike(a.base_rate, a.spike_rate, a.at, a.length, d, a.spacing, rng), d, {}
+        case "idle":
+            return np.empty(0, dtype=np.float64), d, {}
         case "trace":
             path = scenario.resolve_path(a.file)
             trace = arrivals.read_trace(path, a.time_column)
@@ -145,3 +150,23 @@ def build_plan(scenario: Scenario) -> Plan:
             target[values > 0] = values[values > 0]
     item = rng.integers(0, 2**62, size=n, dtype=np.int64)
     return Plan(offsets_s, phase, cls, phases, names, prompt_tokens, output_tokens, item)
+
+
+def after_idle(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+    """The requests that come after a quiet stretch, and how long it was (seconds, from the
+    previous request's intended time, or from the run's start): the first request after each idle
+    phase, and after any gap of at least IDLE_GAP_S in the schedule. Each is measured on its own
+    (engine probes): the first request after an idle stretch is the one that pays for a target
+    that scaled to zero, and a histogram interval would blur it into the requests after it."""
+    if not len(plan):
+        return np.empty(0, np.int64), np.empty(0)
+    gaps = np.diff(plan.offsets_s, prepend=0.0)
+    idle_phases = {i for i, p in enumerate(plan.phases) if p.duration_s > 0 and not np.any(plan.phase == i)}
+    after_idle_phase = np.zeros(len(plan), bool)
+    first_of_phase = np.flatnonzero(np.diff(plan.phase.astype(np.int64), prepend=-1) != 0)
+    for i in first_of_phase:
+        previous = int(plan.phase[i - 1]) if i else -1
+        after_idle_phase[i] = any(previous < p < int(plan.phase[i]) for p in idle_phases)
+    chosen = np.flatnonzero(after_idle_phase | (gaps >= IDLE_GAP_S))
+    return chosen, gaps[chosen]
+

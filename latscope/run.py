@@ -17,8 +17,9 @@ import platform
 import queue as queue_module
 import signal
 import socket
+import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -27,12 +28,14 @@ import numpy as np
 
 from latscope import __version__
 from latscope.analysis.verdicts import slo_verdicts, validity
+from latscope.actions import ActionRunner
 from latscope.collector import ROW_STATS, Collector
 from latscope.engine import COUNTERS, ERROR_INDEX, OUTPUT_TOKENS, OUTPUT_TOKENS_USAGE, PROMPT_TOKENS, WorkerSpec, worker_main
 from latscope.errors import RunError
 from latscope.hlog import HlogWriter
 from latscope.launch import LaunchedTarget, start_target, stop_target
-from latscope.plan import Plan, build_plan
+from latscope.live import LiveMetrics, start_live_metrics
+from latscope.plan import Plan, after_idle, build_plan
 from latscope.records import ERROR_KINDS
 from latscope.recorder import summarize
 from latscope import results
@@ -95,14 +98,23 @@ def run_scenario(
     out: str | Path | None = None,
     workers: int | None = None,
     on_progress: Callable[[Progress], None] | None = None,
+    metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
 ) -> RunResult:
     """Run `scenario` and write its results directory. Raises RunError when the run could not
-    start; a run that started always leaves a results directory (partial when cut short)."""
+    start; a run that started always leaves a results directory (partial when cut short).
+    `metrics_port` (0: a free one) serves live Prometheus metrics on metrics_host during the run (live.py)."""
     workers = max(1, workers or os.cpu_count() or 1)
     started_wall = time.time()
     plan = build_plan(scenario)
     Payloads(scenario)  # a dataset or tensor file that does not load fails here, not in every worker
-    run_dir = results.create_run_dir(scenario.output.dir, scenario.name, started_wall, out)
+    live = _start_live(scenario, plan, metrics_port, metrics_host)  # a taken port fails here, before any file
+    try:
+        run_dir = results.create_run_dir(scenario.output.dir, scenario.name, started_wall, out)
+    except BaseException:
+        if live is not None:
+            live.close()
+        raise
     results.write_text(run_dir / results.SCENARIO, redacted_yaml(scenario))
     events = results.EventLog(run_dir / results.EVENTS)
     if scenario.output.save_schedule:
@@ -117,6 +129,9 @@ def run_scenario(
             },
         )
     run = _Run(scenario, plan, workers, run_dir, events, on_progress)
+    run.live = live
+    if live is not None:
+        live.set_run_dir(str(run_dir))
     stop = _StopRequest()
     with _signals_to(stop):
         try:
@@ -126,12 +141,38 @@ def run_scenario(
             run.abort_reason = run.abort_reason or str(exc).splitlines()[0]
         finally:
             run.close()
-    summary = run.write_summary(started_wall)
+    summary = _add_cold_start(run_dir, run.write_summary(started_wall))
     if scenario.output.report:
         _write_report(run_dir)
     if run.failure:
         raise RunError(f"{run.failure}; partial results in {run_dir}")
     return RunResult(run_dir, summary)
+
+
+def _add_cold_start(run_dir: Path, summary: dict) -> dict:
+    """summary.json gains `cold_start`, analysed from the results just written (the analysis reads a
+    results directory, as the report does). A failed analysis is a warning, never a lost run."""
+    try:
+        from latscope.analysis.coldstart import cold_start_summary
+        from latscope.analysis.run_data import load_run
+
+        summary["cold_start"] = cold_start_summary(load_run(run_dir))
+    except Exception as exc:  # noqa: BLE001 - the measurements are written; only this key is missing
+        logging.getLogger("latscope.run").warning("cold-start analysis failed (%s: %s); summary.json has no cold_start",
+                                                  type(exc).__name__, exc)
+        summary["cold_start"] = None
+    results.write_json(run_dir / results.SUMMARY, summary)
+    return summary
+
+
+def _start_live(scenario: Scenario, plan: Plan, port: int | None, host: str) -> LiveMetrics | None:
+    """The live Prometheus endpoint (None without a port); its URL goes to stderr once."""
+    if port is None:
+        return None
+    live = start_live_metrics(port, host, scenario=scenario.name, class_names=plan.class_names,
+                              interval_s=scenario.output.interval)
+    print(f"live metrics: {live.url}", file=sys.stderr, flush=True)
+    return live
 
 
 def _write_report(run_dir: Path) -> None:
@@ -153,6 +194,7 @@ class _Run:
         self.events = events
         self.on_progress = on_progress
         self.target: LaunchedTarget | None = None
+        self.actions: ActionRunner | None = None  # the scenario's actions (actions.py); may restart the target
         self.abort_reason: str | None = None
         self.failure: str | None = None  # an abort that is the run's fault, not the user's wish
         self.t0_ns: int | None = None
@@ -165,6 +207,10 @@ class _Run:
         self._hlog_file = hlog_file
         self.collector: Collector | None = None
         self.telemetry: Telemetry | None = None
+        self.live: LiveMetrics | None = None  # set by run_scenario when --metrics-port is given
+        self.launched: tuple[int, int] | None = None  # (started, ready) perf_counter_ns of the first launch
+        probes, gaps = after_idle(plan)
+        self.idle_gaps = dict(zip(probes.tolist(), gaps.tolist()))  # probe request -> idle gap before it (s)
 
     # -- execution ----------------------------------------------------------------------------
 
@@ -179,6 +225,7 @@ class _Run:
                 self.run_dir / results.TARGET_LOG,
                 should_stop=lambda: stop.reason is not None,
             )
+            self.launched = (self.target.started_ns, self.target.ready_ns)  # a restart action replaces self.target
             self.events.emit("target_ready", after_s=round(self.target.ready_after_s, 4))
 
         ctx = mp.get_context("spawn")
@@ -203,6 +250,9 @@ class _Run:
         self.t0_wall = time.time() + START_DELAY_S
         t0_value.value = self.t0_ns
         self.events.t0_ns = self.t0_ns
+        if scenario.actions:
+            self.actions = ActionRunner(scenario, self.plan, self.events, self, cancelled=lambda: self.abort_reason is not None)
+            self.actions.start(self.t0_ns)
         self.telemetry.start(self.t0_ns)
         self.collector = Collector(
             self.workers, self.plan, scenario.output.interval, HlogWriter(self._hlog_file, self.t0_wall)
@@ -273,9 +323,9 @@ class _Run:
             self.telemetry.on_interval(message)
             before = self.collector.completed_intervals
             self.collector.add(message)
-            for replica, first_ns in self.collector.new_replicas:
-                self.events.emit("replica_first_seen", at_ns=first_ns, replica=replica)
-            self.collector.new_replicas.clear()
+            self._emit_firsts()
+            if self.collector.completed_intervals > before and self.live is not None:
+                self.live.update(self.collector, self._elapsed_s())  # before on_progress: both see this interval
             if self.collector.completed_intervals > before and self.on_progress:
                 self.on_progress(self.progress())
         elif kind == "done":
@@ -285,6 +335,27 @@ class _Run:
             self._abort(f"worker {message['worker']} failed")
             self.done[message["worker"]] = {}
 
+    def _emit_firsts(self) -> None:
+        """Events for the cold-start analysis, as the collector found them: the run's first
+        successful response, each replica's first response, each request after an idle stretch."""
+        c = self.collector
+        if c.new_first_ok:
+            end_ns, latency_us = c.first_ok
+            self.events.emit("first_response", at_ns=end_ns, latency_ms=latency_us / 1000)
+            c.new_first_ok = False
+        for replica, first_ns, latency_us in c.new_replicas:
+            self.events.emit("replica_first_seen", at_ns=first_ns, replica=replica,
+                             latency_ms=None if latency_us is None else latency_us / 1000)
+        c.new_replicas.clear()
+        for probe in sorted(c.new_probes, key=lambda p: p["seq"]):
+            seq = probe["seq"]
+            self.events.emit("first_after_idle", at_ns=probe["end_ns"], request=seq,
+                             intended_s=round(float(self.plan.offsets_s[seq]), 6),
+                             idle_gap_s=round(self.idle_gaps.get(seq, 0.0), 6),
+                             phase=self.plan.phases[int(self.plan.phase[seq])].name,
+                             latency_ms=probe["latency_us"] / 1000, error=probe["error"], replica=probe["replica"])
+        c.new_probes.clear()
+
     def _abort(self, reason: str) -> None:
         if self.abort_reason is None:
             self.abort_reason = reason
@@ -293,10 +364,18 @@ class _Run:
         self._stop_event.set()
 
     def _target_gone(self) -> str | None:
-        if self.target is not None and (code := self.target.exit_code()) is not None:
-            self.failure = f"the launched target exited with code {code} during the run"
-            return self.failure
+        # A restart action stops the target on purpose; its lock keeps one from starting between the
+        # check and the poll, and afterwards self.target is the new process (None if it failed to come back).
+        with self.actions.target_lock if self.actions is not None else nullcontext():
+            if self.actions is not None and self.actions.restarting:
+                return None
+            if self.target is not None and (code := self.target.exit_code()) is not None:
+                self.failure = f"the launched target exited with code {code} during the run"
+                return self.failure
         return None
+
+    def _run_clock(self, ns: int | None) -> float | None:
+        return round((ns - self.t0_ns) / 1e9, 6) if ns is not None and self.t0_ns is not None else None
 
     def _elapsed_s(self) -> float:
         return (time.perf_counter_ns() - self.t0_ns) / 1e9 if self.t0_ns else 0.0
@@ -331,6 +410,8 @@ class _Run:
     def close(self) -> None:
         """Stop telemetry, workers and target; finish the interval log and telemetry.parquet. Runs
         whatever happened before."""
+        if self.actions is not None:  # first: no action (a restart) may start while the run is torn down
+            self.actions.stop(self.abort_reason or "the run ended before the action's time")
         if self.telemetry is not None:
             self.telemetry.stop()  # first: its samples end with the run, not after the teardown
         if self.processes:
@@ -345,10 +426,13 @@ class _Run:
             self.events.emit("target_stopped", exit_code=self.target.exit_code())
         if self.collector is not None:
             self.collector.finish()
+            self._emit_firsts()
         self._hlog_file.close()
         os.replace(self._hlog_file.name, self.run_dir / results.HLOG)
         if self.telemetry is not None:
             self.telemetry.write(self.run_dir / results.TELEMETRY)
+        if self.live is not None:
+            self.live.close()  # last: the endpoint is served until the run is over
 
     def write_summary(self, started_wall: float) -> dict:
         c = self.collector
@@ -400,6 +484,9 @@ class _Run:
                 "interval_s": self.scenario.output.interval,
                 "clamped_values": dict(c.clamped) if c else {},
                 "target_ready_after_s": round(self.target.ready_after_s, 4) if self.target else None,
+                # the launched target's start and readiness on the run's clock (negative: before t=0)
+                "target_launched_at_s": self._run_clock(self.launched and self.launched[0]),
+                "target_ready_at_s": self._run_clock(self.launched and self.launched[1]),
             },
             "environment": {
                 "latscope": __version__,

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import UnionType
-from typing import Annotated, Any, Literal, NoReturn, Sequence, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn, Sequence, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
 import yaml
@@ -50,8 +50,14 @@ from pydantic_core import PydanticCustomError
 
 from latscope.errors import ScenarioError
 
+if TYPE_CHECKING:
+    from latscope.plan import Plan
+
 __all__ = [
     "ARRIVAL_TYPES",
+    "Action",
+    "ActionWhen",
+    "HttpCall",
     "Arrival",
     "BurstArrival",
     "ConstantArrival",
@@ -370,6 +376,14 @@ class SpikeArrival(_Model):
     spacing: Spacing = "poisson"
 
 
+class IdleArrival(_Model):
+    """No requests at all for the phase's duration: the quiet stretch after which a target that
+    scales to zero (unloads its model, stops its replicas) has to come back. The first request after
+    an idle phase is measured on its own (summary.json cold_start.scale_from_zero)."""
+
+    type: Literal["idle"] = "idle"
+
+
 class TraceLengths(_Model):
     """Per-request lengths from a trace's columns (the Azure trace: ContextTokens, GeneratedTokens).
     They replace the workload class's prompt_tokens / output_tokens for the phase's requests, after
@@ -402,6 +416,7 @@ Arrival = Annotated[
         RampArrival,
         StepsArrival,
         SpikeArrival,
+        IdleArrival,
         TraceArrival,
     ],
     Field(discriminator="type"),
@@ -782,6 +797,124 @@ class Telemetry(_Model):
 
 
 # --------------------------------------------------------------------------------------------------
+# Actions: things done to the system under test at set times of the run (latscope/actions.py)
+# --------------------------------------------------------------------------------------------------
+
+
+class ActionWhen(_Model):
+    """An action's time given as "when phase `phase` starts, plus `after`"."""
+
+    phase: str = Field(min_length=1)
+    after: Duration = 0.0
+
+
+class HttpCall(_Model):
+    """An HTTP request an action makes (an admin API, a webhook). `json` is sent as JSON, `body` as
+    is; `expect` lists the status codes that count as success (default: any 2xx)."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    method: str | None = None  # default: POST with a json/body, GET without
+    url: str
+    headers: dict[str, str] = {}
+    json_: Any = Field(None, alias="json")  # "json" would shadow BaseModel.json
+    body: str | None = None
+    expect: list[Annotated[int, Field(ge=100, le=599)]] = []
+
+    @field_validator("method")
+    @classmethod
+    def _method(cls, method: str | None) -> str | None:
+        return None if method is None else _check_method(method)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, url: str) -> str:
+        return _check_http_url(url)
+
+    @model_validator(mode="after")
+    def _one_body(self) -> HttpCall:
+        if self.json_ is not None and self.body is not None:
+            raise ValueError("give json (sent as JSON) or body (sent as is), not both")
+        if self.method is None:
+            self.method = "GET" if self.json_ is None and self.body is None else "POST"
+        return self
+
+
+ACTION_KINDS = ("command", "http", "restart")
+
+
+class Action(_Model):
+    """Something done at one time of the run: a shell command (run without a shell), an HTTP call,
+    or a restart of the launched target. `at` counts from the run's start (t=0, the first intended
+    send); `when` from a phase's start. Its start and outcome go to events.jsonl."""
+
+    name: str
+    at: Duration | None = None
+    when: ActionWhen | None = None
+    command: str | list[str] | None = None  # a string is split with shlex; `python` means latscope's interpreter
+    env: dict[str, str] = {}  # added to the command's environment
+    cwd: str | None = None  # the command's folder, relative to the scenario file's folder
+    http: HttpCall | None = None
+    restart: bool = False  # restart target.launch
+    timeout: PositiveDuration = 30.0
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not _NAME_RE.fullmatch(name):
+            raise ValueError("an action name may use only letters, digits, '_', '.' and '-'")
+        return name
+
+    @field_validator("command")
+    @classmethod
+    def _command_not_empty(cls, command: str | list[str] | None) -> str | list[str] | None:
+        if command is not None and not (command.strip() if isinstance(command, str) else command):
+            raise ValueError("the command is empty")
+        return command
+
+    @property
+    def kind(self) -> str:
+        """"command", "http" or "restart" (the scenario checks there is exactly one)."""
+        return "command" if self.command is not None else "http" if self.http is not None else "restart"
+
+    @model_serializer(mode="wrap")
+    def _without_unset(self, handler: Any) -> dict:
+        # The resolved scenario.yaml shows an action as written: no `when: null`, `restart: false`, ...
+        unset = {"at": None, "when": None, "command": None, "http": None, "restart": False, "env": {}, "cwd": None}
+        return {k: v for k, v in handler(self).items() if k not in unset or v != unset[k]}
+
+
+def _check_actions(scenario: Scenario) -> None:
+    """Each action has one time and one kind, names a phase that exists, can restart a target, and
+    falls inside the planned run. Problems name the field they are about."""
+    phases = [p.name for p in scenario.phases]
+    durations = [p.duration for p in scenario.phases]
+    starts = {p.name: sum(durations[:i]) if None not in durations[:i] else None for i, p in enumerate(scenario.phases)}
+    total = None if None in durations else sum(durations)
+    for i, action in enumerate(scenario.actions):
+        where: DataPath = ("actions", i)
+        if action.at is not None and action.when is not None:
+            raise _ProblemAt((*where, "when"), "give `at` (seconds from the run's start) or `when` (a phase start), not both")
+        if action.at is None and action.when is None:
+            raise _ProblemAt(where, "needs a time: `at: 20s` (from the run's start) or `when: {phase: NAME, after: 2s}`")
+        kinds = [k for k in ACTION_KINDS if getattr(action, k) not in (None, False)]
+        if len(kinds) != 1:
+            got = f"got {' and '.join(kinds)}" if kinds else "got none"
+            raise _ProblemAt(where, f"give exactly one of command, http or restart: true ({got})")
+        if (action.env or action.cwd is not None) and action.command is None:
+            raise _ProblemAt((*where, "env" if action.env else "cwd"), "env and cwd apply to a command action only")
+        if action.restart and scenario.target.launch is None:
+            raise _ProblemAt((*where, "restart"), "restart needs a launched target (target.launch); this scenario has none")
+        if action.when is not None and action.when.phase not in phases:
+            raise _ProblemAt((*where, "when", "phase"), f"{action.when.phase!r} is not a phase (known: {', '.join(phases)})")
+        planned = action.at if action.at is not None else (
+            None if starts[action.when.phase] is None else starts[action.when.phase] + action.when.after)
+        if total is not None and planned is not None and planned > total:
+            field_path = (*where, "at") if action.at is not None else (*where, "when", "after")
+            raise _ProblemAt(field_path, f"the action would never run: it is planned at {planned:g} s and the phases end at {total:g} s")
+
+
+# --------------------------------------------------------------------------------------------------
 # The scenario
 # --------------------------------------------------------------------------------------------------
 
@@ -825,6 +958,7 @@ class Scenario(_Model):
     output: Output = Output()
     validity: Validity = Validity()
     telemetry: Telemetry = Telemetry()
+    actions: list[Action] = []
 
     # Set by the loader, not part of the schema. The base directory makes relative paths (trace
     # file, launch cwd) mean "next to the scenario file" wherever latscope is started from.
@@ -854,6 +988,17 @@ class Scenario(_Model):
             for j, name in enumerate(phase.classes or ()):
                 if name not in known:
                     raise _ProblemAt(("phases", i, "classes", j), f"{name!r} is not a workload class (known: {', '.join(known)})")
+        return self
+
+    @field_validator("actions")
+    @classmethod
+    def _unique_action_names(cls, actions: list[Action]) -> list[Action]:
+        _check_unique([a.name for a in actions], "action")
+        return actions
+
+    @model_validator(mode="after")
+    def _actions_fit(self) -> Scenario:
+        _check_actions(self)
         return self
 
     @field_validator("slos")
@@ -913,6 +1058,41 @@ class Scenario(_Model):
             openai=c.openai or t.openai,
             kserve=c.kserve or t.kserve,
         )
+
+    def action_times(self, plan: Plan | None = None) -> list[float]:
+        """Each action's planned time in seconds on the run clock (0 = the first intended send), in
+        the order of `actions`: `at`, or its phase's planned start plus `after`. `plan` saves building
+        the plan again (a trace phase's length is only known from it)."""
+        if not self.actions:
+            return []
+        if plan is None:
+            from latscope.plan import build_plan  # plan.py imports this module
+
+            plan = build_plan(self)
+        starts = {p.name: p.start_s for p in plan.phases}
+        return [a.at if a.at is not None else starts[a.when.phase] + a.when.after for a in self.actions]
+
+    def action_secrets(self) -> list[str]:
+        """Strings that must not appear in what an action's run records (its output, a response,
+        an error): what each `${VAR}` in an action expanded to, and credential-like header and env
+        values of actions written literally. Longest first, so a value holding another is replaced
+        whole. Values under 4 characters are left out: scrubbing them would blank ordinary digits."""
+        found: set[str] = set()
+        for path, template in self._templates.items():
+            if path[:1] != ("actions",):
+                continue
+            for match in _REFERENCE.finditer(template):
+                if (name := match.group("name")) is None:
+                    continue
+                value = os.environ.get(name)
+                found.add(match.group("default") if (value is None or value == "") and match.group("default") is not None
+                          else value or "")
+        for i, action in enumerate(self.actions):
+            maps = [(("actions", i, "env"), action.env)] + ([(("actions", i, "http", "headers"), action.http.headers)]
+                                                            if action.http else [])
+            for prefix, values in maps:
+                found.update(v for k, v in values.items() if _is_secret_path((*prefix, k)))
+        return sorted((v for v in found if len(v) >= 4), key=len, reverse=True)
 
     @property
     def source(self) -> Path | None:
@@ -1377,11 +1557,14 @@ _QUERY_PARAM = re.compile(r"(?P<key>[?&][^=&#\s]*=)(?P<value>[^&#\s]*)")
 
 
 def _is_secret_path(path: DataPath) -> bool:
-    """A value in a header or launch env mapping whose name looks like a credential."""
+    """A value in a header or env mapping (target, launch, class, action) whose name looks like a credential."""
     secret_maps = (("target", "headers"), ("target", "launch", "env"))
     if path == ("target", "api_key"):
         return True
-    in_map = path[:-1] in secret_maps or (len(path) == 5 and path[:2] == ("workload", "classes") and path[3] == "headers")
+    in_map = (path[:-1] in secret_maps
+              or (len(path) == 5 and path[:2] == ("workload", "classes") and path[3] == "headers")
+              or (len(path) == 4 and path[0] == "actions" and path[2] == "env")
+              or (len(path) == 5 and path[0] == "actions" and path[2:4] == ("http", "headers")))
     return in_map and bool(_SECRET_NAME.search(str(path[-1])))
 
 
@@ -1410,7 +1593,8 @@ def redacted_yaml(scenario: Scenario) -> str:
         elif _is_secret_path(path) and isinstance(value, str):
             value = _REDACTED
         if isinstance(value, str) and (path in (("target", "url"), ("target", "launch", "ready_url"))
-                                       or path[:2] == ("telemetry", "prometheus") and path[-1:] == ("url",)):
+                                       or path[:2] == ("telemetry", "prometheus") and path[-1:] == ("url",)
+                                       or path[:1] == ("actions",) and path[2:] == ("http", "url")):
             value = _redact_url(value)
         if isinstance(value, dict):
             return {k: visit(v, (*path, k)) for k, v in value.items()}

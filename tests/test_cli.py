@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +16,9 @@ from conftest import REPO, scenario_dict
 LATSCOPE = [sys.executable, "-m", "latscope.cli"]
 
 
-def latscope(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([*LATSCOPE, *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+def latscope(*args: str, cwd: Path = REPO, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*LATSCOPE, *args], capture_output=True, text=True, cwd=cwd, timeout=120,
+                          env=None if env is None else {**os.environ, **env})
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -61,9 +63,20 @@ def test_validate_prints_the_plan(tmp_path):
     assert "5 requests" in r.stdout
 
 
+def test_validate_lists_actions_with_their_times_and_no_secret(tmp_path):
+    path = write(tmp_path, GOOD + "actions:\n"
+                 "  - {name: scale, at: 0.2, command: 'kubectl scale --token ${SCALE_TOKEN} deploy/x --replicas 3'}\n"
+                 "  - {name: hook, at: 0.1, http: {url: 'http://127.0.0.1:9/admin', json: {}}}\n")
+    r = latscope("validate", str(path), env={"SCALE_TOKEN": "s3cret-value"})
+    assert r.returncode == 0, r.stderr
+    assert "  action scale           at     0.2 s  command kubectl scale --token <redacted> deploy/x --replicas 3" in r.stdout
+    assert "  action hook            at     0.1 s  http POST http://127.0.0.1:9/admin" in r.stdout
+    assert "s3cret-value" not in r.stdout
+
+
 def test_shipped_scenarios_are_valid_and_launch_the_reference_server():
     for path in sorted((REPO / "scenarios").glob("*.yaml")):
-        r = latscope("validate", str(path))
+        r = latscope("validate", str(path), env={"LATSCOPE_REF_ADMIN_TOKEN": "t0ken"})  # scale_up's admin action needs one
         assert r.returncode == 0, f"{path.name}: {r.stderr}"
         data = yaml.safe_load(path.read_text())
         if path.stem in ("smoke", "burst", "scale_up"):

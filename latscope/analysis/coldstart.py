@@ -25,6 +25,13 @@ per request):
   each (the first window is the first N's), so that each p50 rests on as many requests as the
   first N's does. Only "above" counts: a cold start is a slowdown, and a fast window is no sign
   of one.
+- *Slow for*: from `at_s` to the end of the leading run of intervals whose max is more than 1.5 ×
+  the steady max (0 when the first interval's is not): the few requests that waited for a model
+  load, which a window's p50 hides. *Suffered* runs from `at_s` to the later of the end of "slow
+  for" and the start of the first window whose p50 is back within 20% of the steady p50 (None when
+  none is; 0 for a start that is not cold): how long users met a cold target. Unlike time to
+  steady, a later bump (the load rising on a ramp, a noisy neighbour) does not stretch it; *affected requests* are those
+  in the intervals that start within it.
 - *Cold*: the first N's p50 more than 1.5 × the steady p50 (a slow first stretch), or their max more
   than 1.5 × the steady max (a few requests that waited for a model load, slower than anything the
   steady state came near: often only the first one or two requests pay a load, and the p50 of
@@ -59,6 +66,7 @@ def cold_starts(run: RunData, first_n: int = FIRST_N) -> list[dict]:
      "slowdown_p50": first_p50 / steady_p50 (None without a steady state),
      "time_to_steady_s": seconds from at_s until the interval p50 stays within 20% of steady (None if never;
                          "interval": a window of at least N requests, see the module docstring),
+     "slow_for_s", "suffered_s", "affected_requests" (see the module docstring),
      "cold": bool (first p50 > 1.5 × steady p50, or first max > 1.5 × steady max), "cold_by": "p50" | "max" | None}
     Warm-up phases are analysed too (cold starts often happen there) and flagged "warmup": True.
     Also: "metric", "class", "warmup", "first_until_s" (end of the first-N intervals),
@@ -121,6 +129,9 @@ def _analyse(intervals: ClassIntervals, at_s: float, end_s: float, first_n: int)
         "steady_from_s": round(float(intervals.start_s[steady_positions[0]]), 6) if steady["count"] else None,
         "slowdown_p50": None,
         "time_to_steady_s": None,
+        "slow_for_s": None,
+        "suffered_s": None,
+        "affected_requests": None,
         "cold": False,
         "cold_by": None,
     }
@@ -140,6 +151,23 @@ def _analyse(intervals: ClassIntervals, at_s: float, end_s: float, first_n: int)
         elif above[-1] + 1 < len(windows):
             settled = float(intervals.start_s[positions[windows[above[-1] + 1][0]]])
             entry["time_to_steady_s"] = round(max(0.0, settled - at_s), 6)
+        # The p50 of a window hides a handful of requests that waited for a model load; the max of
+        # each interval does not: the leading intervals whose max is over COLD_RATIO x the steady max.
+        limit_us = COLD_RATIO * steady["max_ms"] * 1000
+        slow = 0
+        while slow < len(positions) and intervals.span_percentile(100.0, positions[slow], positions[slow]) > limit_us:
+            slow += 1
+        entry["slow_for_s"] = round(max(0.0, float(ends[positions[slow - 1]]) - at_s), 6) if slow else 0.0
+        # Suffering ends when latency first comes back: the first window whose p50 is within the band
+        # (unlike time to steady, a later bump under changing load does not stretch it).
+        back = np.flatnonzero(p50_ms <= (1 + STEADY_BAND) * steady_p50)
+        back_s = None if not len(back) else max(0.0, float(intervals.start_s[positions[windows[back[0]][0]]]) - at_s)
+        if not entry["cold"]:  # a warm start's later ups and downs are the load's, not a cold start's
+            entry["suffered_s"], entry["affected_requests"] = 0.0, 0
+        elif back_s is not None:
+            suffered = round(max(back_s, entry["slow_for_s"]), 6)
+            entry["suffered_s"] = suffered
+            entry["affected_requests"] = int(totals[intervals.start_s[positions] < at_s + suffered].sum()) if suffered else 0
     return entry
 
 
@@ -159,3 +187,206 @@ def _windows(totals: np.ndarray, first_n: int) -> list[tuple[int, int]]:
         else:
             windows.append((a, len(totals)))
     return windows
+
+
+# -- summary.json's cold_start ---------------------------------------------------------------------
+
+def cold_start_summary(run: RunData, first_n: int = FIRST_N) -> dict:
+    """summary.json's `cold_start`: the capacity changes of the run, each measured against the
+    steady state that followed it (see cold_starts for the rules).
+
+    - "target_launch": the target latscope launched: process start -> ready (its readiness URL
+      answered) -> first successful response -> latency back within STEADY_BAND of steady state,
+      all in seconds since the process started; None when the scenario launched nothing.
+    - "restarts": each restart of the launched target by an action: action issued -> ready again ->
+      the first requests after it vs the steady state.
+    - "scale_up": each replica first seen (X-Replica-Id) after an action: action issued -> replica
+      first seen (its first response ended; first_sent_s: that request's intended send) -> its very
+      first response and its first N requests vs its own steady state -> time until its latency is
+      steady. Its suffered_s counts from first_sent_s. A replica first seen after a restart belongs to the restart.
+    - "scale_from_zero": each request that came after an idle stretch (an idle phase, or a gap of
+      plan.IDLE_GAP_S in the schedule): its idle gap and latency against the steady state of the
+      traffic after it; cold when it took more than COLD_RATIO x that steady state's max (a request
+      slower than every steady request by half again: see the module docstring).
+    - "starts": every start cold_starts() found (run, phases, replicas).
+    Times are on the run's clock (seconds from its first intended send) unless a key says otherwise."""
+    starts = cold_starts(run, first_n)
+    actions = [e for e in run.events if e.get("event") == "action_start" and e.get("t_s") is not None]
+    return {
+        "first_n": first_n,
+        "cold_ratio": COLD_RATIO,
+        "steady_band": STEADY_BAND,
+        "target_launch": _target_launch(run, starts),
+        "restarts": _restarts(run, actions, first_n),
+        "scale_up": _scale_ups(run, starts, actions),
+        "scale_from_zero": _wakes(run, first_n),
+        "starts": starts,
+    }
+
+
+_VERDICT_KEYS = ("first_count", "first_p50_ms", "first_max_ms", "steady_count", "steady_p50_ms", "steady_max_ms",
+                 "slowdown_p50", "time_to_steady_s", "slow_for_s", "suffered_s", "affected_requests", "cold", "cold_by")
+
+
+def _verdict(entry: dict | None) -> dict:
+    return {key: (entry or {}).get(key) for key in _VERDICT_KEYS}
+
+
+def _event_before(events: list[dict], t_s: float) -> dict | None:
+    before = [e for e in events if e["t_s"] <= t_s]
+    return before[-1] if before else None
+
+
+def _target_launch(run: RunData, starts: list[dict]) -> dict | None:
+    generator = run.summary.get("generator", {})
+    launched = generator.get("target_launched_at_s")
+    if launched is None:
+        return None
+    first = next((e for e in run.events if e.get("event") == "first_response" and e.get("t_s") is not None), None)
+    run_start = next((s for s in starts if s["kind"] == "run_start"), None)
+    to_steady = (run_start or {}).get("suffered_s")
+    ready = generator.get("target_ready_at_s")
+    return {
+        "launched_at_s": launched,
+        "ready_s": None if ready is None else round(ready - launched, 6),
+        "first_response_s": None if first is None else round(first["t_s"] - launched, 6),
+        "first_response_latency_ms": None if first is None else first.get("latency_ms"),
+        # run_start's settling (suffered_s) is measured from t=0, the first intended send
+        "steady_s": None if to_steady is None else round(to_steady - launched, 6),
+        **_verdict(run_start),
+    }
+
+
+def _restarts(run: RunData, actions: list[dict], first_n: int) -> list[dict]:
+    readies = [e for e in run.events if e.get("event") == "target_ready" and e.get("t_s") is not None]
+    if not readies:
+        return []
+    latency = metric_intervals(run, "latency").get("all")
+    out = []
+    for i, ready in enumerate(readies):
+        action = _event_before([a for a in actions if a.get("kind") == "restart"], ready["t_s"])
+        end = readies[i + 1]["t_s"] if i + 1 < len(readies) else math.inf
+        entry = _analyse(latency, ready["t_s"], end, first_n) if latency is not None and len(latency) else None
+        issued = None if action is None else action["t_s"]
+        out.append({
+            "action": None if action is None else action.get("name"),
+            "issued_at_s": issued,
+            "ready_at_s": ready["t_s"],
+            "down_s": None if issued is None else round(ready["t_s"] - issued, 6),
+            "errors_while_down": _errors_between(run, issued if issued is not None else ready["t_s"], ready["t_s"]),
+            **_verdict(entry),
+        })
+    return out
+
+
+def _errors_between(run: RunData, start_s: float, end_s: float) -> int:
+    """Errors (all classes) in the intervals that overlap [start_s, end_s]."""
+    ts = run.timeseries
+    if not len(ts) or "errors" not in ts:
+        return 0
+    rows = ts[(ts["metric"] == "latency") & (ts["class"] == "all")]
+    overlap = (rows["interval_start_s"] + rows["interval_s"] > start_s) & (rows["interval_start_s"] <= end_s)
+    return int(rows.loc[overlap, "errors"].sum())
+
+
+def _scale_ups(run: RunData, starts: list[dict], actions: list[dict]) -> list[dict]:
+    first_latency = {str(e["replica"]): e.get("latency_ms") for e in run.events
+                     if e.get("event") == "replica_first_seen" and e.get("replica") is not None}
+    out = []
+    for start in starts:
+        if start["kind"] != "replica":
+            continue
+        action = _event_before(actions, start["at_s"])
+        if action is None or action.get("kind") == "restart":
+            continue  # there from the start, or brought up by a restart
+        first_ms = first_latency.get(start["replica"])
+        steady_p50 = start.get("steady_p50_ms")
+        settled = start.get("time_to_steady_s")
+        # The replica is first seen when its first response ends; users met it when that request was sent.
+        lead_s = (first_ms or 0.0) / 1000
+        verdict = _verdict(start)
+        if verdict["cold"] and verdict["suffered_s"] is not None:
+            verdict["suffered_s"] = round(verdict["suffered_s"] + lead_s, 6)
+        out.append({
+            "action": action.get("name"),
+            "issued_at_s": action["t_s"],
+            "replica": start["replica"],
+            "class": start["class"],
+            "first_seen_s": start["at_s"],
+            "first_sent_s": round(start["at_s"] - lead_s, 6),
+            "seen_after_s": round(start["at_s"] - action["t_s"], 6),
+            "first_latency_ms": first_ms,
+            "slowdown_first": round(first_ms / steady_p50, 3) if first_ms is not None and steady_p50 else None,
+            "steady_after_action_s": None if settled is None else round(start["at_s"] + settled - action["t_s"], 6),
+            **verdict,
+        })
+    return out
+
+
+def _wakes(run: RunData, first_n: int) -> list[dict]:
+    probes = [e for e in run.events if e.get("event") == "first_after_idle"]
+    if not probes:
+        return []
+    latency = metric_intervals(run, "latency").get("all")
+    out = []
+    for probe in probes:
+        at = float(probe.get("intended_s", probe.get("t_s") or 0.0))
+        phase = run.phase_at(at)
+        phases = run.summary.get("phases", [])
+        last = phase is None or phase is phases[-1]
+        end = math.inf if last else phase["start_s"] + phase["duration_s"]
+        entry = _analyse(latency, at, end, first_n) if latency is not None and len(latency) else None
+        first_ms = probe.get("latency_ms")
+        steady = _verdict(entry)
+        cold = None
+        if probe.get("error"):
+            cold = True  # the target did not come back in time to answer it
+        elif first_ms is not None and steady["steady_max_ms"]:
+            cold = first_ms > COLD_RATIO * steady["steady_max_ms"]
+        out.append({
+            "phase": probe.get("phase"),
+            "at_s": round(at, 6),
+            "idle_gap_s": probe.get("idle_gap_s"),
+            "first_latency_ms": first_ms,
+            "error": probe.get("error"),
+            "replica": probe.get("replica"),
+            "slowdown_first": (round(first_ms / steady["steady_p50_ms"], 3)
+                               if first_ms is not None and steady["steady_p50_ms"] else None),
+            **{k: v for k, v in steady.items() if k not in ("cold", "cold_by")},
+            "cold": cold,
+        })
+    return out
+
+
+def capacity_events(cold: dict | None) -> list[dict]:
+    """summary.json's cold_start as one flat list, in time order, for a report: each capacity
+    change with what caused it and when, the series its latency is on, and how bad and how long.
+    {"kind": "launch" | "restart" | "scale_up" | "scale_from_zero", "name": the action, replica or
+     phase (text from the scenario or the target), "cause_at_s": when it was caused (process
+     launched, action issued, idle stretch began), "at_s": when its measured segment starts,
+     "metric", "class": its latency series, "first_latency_ms" (None where no single request was
+     measured), "first_max_ms", "steady_p50_ms", "steady_max_ms", "suffered_s", "affected_requests", "cold"};
+    a launch also has "ready_s", "first_response_s" and "steady_s" (seconds since the process started)."""
+    if not cold:
+        return []
+    out = []
+
+    def add(kind: str, name: object, cause: float | None, at: float, entry: dict, first_ms: float | None,
+            metric: str = "latency", cls: str = "all") -> None:
+        out.append({"kind": kind, "name": "" if name is None else str(name), "cause_at_s": at if cause is None else cause,
+                    "at_s": at, "metric": metric, "class": cls, "first_latency_ms": first_ms,
+                    **{k: entry.get(k) for k in ("first_max_ms", "steady_p50_ms", "steady_max_ms", "suffered_s",
+                                                 "affected_requests", "cold")}})
+
+    if (launch := cold.get("target_launch")) and launch.get("first_count"):
+        add("launch", "target", launch.get("launched_at_s"), 0.0, launch, launch.get("first_response_latency_ms"))
+        out[-1].update({k: launch.get(k) for k in ("ready_s", "first_response_s", "steady_s")})
+    for r in cold.get("restarts", []):
+        add("restart", r.get("action"), r.get("issued_at_s"), r["ready_at_s"], r, None)
+    for u in cold.get("scale_up", []):
+        add("scale_up", u.get("replica"), u.get("issued_at_s"), u.get("first_sent_s", u["first_seen_s"]), u, u.get("first_latency_ms"),
+            "replica_latency", u.get("class") or u.get("replica"))
+    for w in cold.get("scale_from_zero", []):
+        add("scale_from_zero", w.get("phase"), w["at_s"] - (w.get("idle_gap_s") or 0.0), w["at_s"], w, w.get("first_latency_ms"))
+    return sorted(out, key=lambda e: e["at_s"])
+

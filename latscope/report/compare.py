@@ -9,11 +9,11 @@ import math
 
 import pandas as pd
 
-from latscope.analysis import coldstart, correlation, percentiles, serialization
+from latscope.analysis import correlation, percentiles, serialization
 from latscope.analysis import compare as compare_analysis
 from latscope.analysis.run_data import RunData
 from latscope.report import figures
-from latscope.report.html import METRIC_LABELS, esc, fmt_ms, generator_lags, headline, metadata_table, page, safe_panel
+from latscope.report.html import METRIC_LABELS, coldstart_panel, esc, fmt_ms, generator_lags, headline, metadata_table, page, safe_panel
 from latscope.report.markdown import md
 
 # A change smaller than this (relative) is shown uncoloured: within run-to-run noise for most setups.
@@ -209,7 +209,7 @@ def compare_panels(base: RunData, new: RunData) -> list:
                                          base_overall=percentiles.interval_percentiles(base), base_summary=bs)),
         ("streaming", "Streaming", streaming),
         ("gpu", "GPU lanes", gpu),
-        ("coldstart", "Cold starts", lambda: figures.coldstart_panel(coldstart.cold_starts(new), base_starts=coldstart.cold_starts(base))),
+        ("coldstart", "Cold starts", lambda: coldstart_panel(new, base)),
         ("serialization", "Serialization", parts),
         ("generator", "Generator health", generator),
     ]

@@ -31,7 +31,8 @@ COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e3
 STAT_STYLE = {"p50_ms": ("p50", "#2ca02c"), "p99_ms": ("p99", "#ff7f0e"), "p99.9_ms": ("p99.9", "#d62728")}
 # Events drawn as vertical lines on the time panels; the others (run start/end, target launch and
 # stop, phase starts — phases are drawn as bands) would only add clutter.
-QUIET_EVENTS = {"run_start", "run_end", "phase_start", "target_launch", "target_ready", "target_stopped"}
+QUIET_EVENTS = {"run_start", "run_end", "phase_start", "target_launch", "target_ready", "target_stopped",
+                "action_end", "action_skipped"}  # an action is drawn once, at its action_start
 MAX_EVENT_LINES = 25
 STREAMING_METRICS = (("ttft", "time to first token"), ("itl", "inter-token latency"), ("tpot", "time per output token"))
 # GPU lanes, in page order; mem_util_pct stands in for mem_bw_util_pct only when the latter is absent.
@@ -226,16 +227,20 @@ def add_phases_and_events(fig: go.Figure, summary: dict, events: list[dict], lab
             annotations.append(dict(x=start, y=1, xref="x", yref="paper", text=text, showarrow=False, xanchor="left",
                                     yanchor="top", font=dict(size=10, color="#555"), bgcolor="rgba(255,255,255,0.6)"))
     shown = [e for e in events if e.get("t_s") is not None and e.get("event") not in QUIET_EVENTS]
+    failed = {e.get("name") for e in events if e.get("event") == "action_end" and not e.get("ok", True)}
     for e in shown[:MAX_EVENT_LINES]:
         kind = e["event"]
-        if kind == "replica_first_seen":
+        action_failed = kind == "action_start" and e.get("name") in failed
+        if kind == "action_start":  # scenario actions (actions.py): named, red when they failed
+            text = esc(f"{e.get('name', '?')} ({e.get('kind', 'action')}{', failed' if action_failed else ''})")[:80]
+        elif kind == "replica_first_seen":
             text = f"new replica {esc(e.get('replica', '?'))}"
         elif kind == "abort":
             text = f"run stopped: {esc(e.get('reason', ''))[:80]}"
         else:
             detail = e.get("replica") or e.get("action") or e.get("reason") or ""
             text = esc(kind.replace("_", " ") + (f" {detail}" if detail else ""))[:80]
-        color = "#d62728" if kind == "abort" else "#7f7f7f"
+        color = "#d62728" if kind == "abort" or action_failed else "#2ca02c" if kind == "action_start" else "#7f7f7f"
         shapes.append(dict(type="line", xref="x", yref="paper", x0=e["t_s"], x1=e["t_s"], y0=0, y1=1,
                            line=dict(color=color, width=1, dash="dot")))
         annotations.append(dict(x=e["t_s"], y=0.02, xref="x", yref="paper", text=text, showarrow=False, textangle=-90,
@@ -499,62 +504,153 @@ def _start_label(c: dict) -> str:
     return f"{kind}{label} @ {c['at_s']:.1f} s"
 
 
-def _start_tick(c: dict, taken: set[str]) -> str:
-    """A start's axis label: short lines (kind, name cut to 16 characters, time), so that a dozen of
-    them fit side by side without plotly turning them on end; unique among `taken`."""
-    kind = {"run_start": "run start", "phase": "phase", "replica": "new replica"}.get(c["kind"], c["kind"])
-    name = "" if c["kind"] == "run_start" else str(c["label"])
-    name = name if len(name) <= 16 else name[:15] + "…"
-    tick = "<br>".join(part for part in (kind, esc(name), f"@ {c['at_s']:.1f} s") if part)
-    while tick in taken:  # two names alike in their first 15 characters
-        tick += " "
-    taken.add(tick)
-    return tick
-
-
 def _num(value: object, fmt: str = ".2f", none: str = "–") -> str:
     return none if value is None or (isinstance(value, float) and not math.isfinite(value)) else format(value, fmt)
 
 
-def coldstart_panel(starts: list[dict], base_starts: list[dict] | None = None) -> Panel:
-    """First requests vs steady state after each start, as bars and a table. With base_starts, both
-    runs side by side: the bars grouped under "base" and "new", the table's rows labelled with their run."""
-    compare = base_starts is not None
-    panel = Panel("coldstart", "Cold starts: the first requests after each start vs the steady state"
-                  + (", base and new" if compare else ""))
-    rows_of = [("base", base_starts), ("new", starts)] if compare else [("", starts)]
-    entries = [(run, c) for run, chosen in rows_of for c in chosen]
-    if not entries:
-        panel.note = "No start to analyse (no request completed)." if not compare else "Neither run has a start to analyse (no request completed)."
-        return panel
-    labels = [_start_label(c) for _, c in entries]
-    taken: dict[str, set] = {}
-    ticks = [_start_tick(c, taken.setdefault(run, set())) for run, c in entries]
-    # A compare page groups the bars by run on a two-level axis (run, then start) rather than
-    # writing "base"/"new" into every label.
-    x = [[run for run, _ in entries], ticks] if compare else ticks
-    fig = go.Figure()
-    for key, name, color in (("first_p50_ms", "first requests p50", "#d62728"), ("first_p99_ms", "first requests p99", "#ff9896"),
-                             ("steady_p50_ms", "steady state p50", "#1f77b4"), ("steady_p99_ms", "steady state p99", "#aec7e8")):
-        fig.add_trace(go.Bar(x=x, y=[c.get(key) for _, c in entries], name=name, marker_color=color,
-                             hovertemplate=f"{name} %{{y:.2f}} ms"))
-    fig.update_layout(barmode="group")
-    fig.update_yaxes(title_text="latency (ms)", rangemode="tozero")
-    fig.update_xaxes(title_text=("run, then " if compare else "") + "start (kind, name, time since the run started)", tickangle=0)
-    panel.figure = _layout(fig, 420 if compare else 400, hovermode="x")
+KIND_LABEL = {"launch": "target launch", "restart": "restart", "scale_up": "scale-up", "scale_from_zero": "scale from zero"}
+MAX_COLD_PLOTS = 6
+
+
+def _cold_title(e: dict) -> str:
+    name = {"launch": "", "restart": f" ({esc(e['name'])})", "scale_up": f" {esc(e['name'])}",
+            "scale_from_zero": f" after idle, phase {esc(e['name'])}"}[e["kind"]]
+    return f"{KIND_LABEL[e['kind']]}{name} @ {e['at_s']:.1f} s"
+
+
+def _how_bad(e: dict) -> str:
+    """One phrase: how long users suffered and how badly, from the analysis' numbers."""
+    worst = e.get("first_latency_ms") if e.get("first_latency_ms") is not None else e.get("first_max_ms")
+    steady = e.get("steady_p50_ms")
+    if worst is None or not steady:
+        return "no steady state to compare with"
+    if e["kind"] == "launch" and None not in (e.get("ready_s"), e.get("first_response_s")):
+        steady_at = "" if e.get("steady_s") is None else f", steady {e['steady_s']:.1f} s"
+        timeline = f" (after the process started: ready {e['ready_s']:.1f} s, first response {e['first_response_s']:.1f} s{steady_at})"
+    else:
+        timeline = ""
+    if not e.get("cold"):
+        return f"not cold: first requests up to {worst:,.0f} ms, steady p50 {steady:,.1f} ms{timeline}"
+    suffered = e.get("suffered_s")
+    how_long = "latency never settled within the run" if suffered is None else (
+        f"for {suffered:.1f} s ({e.get('affected_requests') or 0:,} requests)")
+    return f"users waited up to {worst:,.0f} ms, {worst / steady:,.0f}× the steady p50 of {steady:,.1f} ms, {how_long}{timeline}"
+
+
+def _cold_table(entries: list[tuple[str, dict]], compare: bool) -> str:
+    run_cell = (lambda run: f"<td><b>{run}</b></td>") if compare else (lambda run: "")
+    rows = []
+    for run, e in entries:
+        worst = e.get("first_latency_ms")
+        ratio = (worst / e["steady_p50_ms"]) if worst is not None and e.get("steady_p50_ms") else None
+        cold = {True: "yes", False: "no", None: "–"}[e.get("cold")]
+        rows.append(
+            f"<tr class=\"{'bad' if e.get('cold') else ''}\">{run_cell(run)}<td>{_cold_title(e)}</td>"
+            f"<td class=n>{_num(e['at_s'] - e['cause_at_s'], '.2f')}</td>"
+            f"<td class=n>{_num(worst, ',.1f')}</td><td class=n>{_num(e.get('first_max_ms'), ',.1f')}</td>"
+            f"<td class=n>{_num(e.get('steady_p50_ms'), ',.1f')}</td><td class=n>{_num(ratio, ',.1f')}{'×' if ratio is not None else ''}</td>"
+            + (f"<td class=n>{_num(e.get('suffered_s'), '.2f', 'never settled')}</td><td class=n>{_num(e.get('affected_requests'), ',')}</td>"
+               if e.get("cold") else "<td class=n>–</td><td class=n>–</td>") +
+            f"<td>{cold}</td></tr>")
+    return ("<table><tr>" + ("<th>run</th>" if compare else "") + "<th>what</th><th>seen after cause (s)</th><th>first request ms</th>"
+            "<th>worst of first N ms</th><th>steady p50 ms</th><th>first ÷ steady</th><th>users suffered (s)</th>"
+            "<th>requests affected</th><th>cold?</th></tr>" + "".join(rows) + "</table>")
+
+
+def _starts_table(starts: list[tuple[str, dict]], compare: bool) -> str:
     run_cell = (lambda run: f"<td><b>{run}</b></td>") if compare else (lambda run: "")
     rows = "".join(
-        f"<tr class=\"{'bad' if c.get('cold') else ''}\">{run_cell(run)}<td>{labels[i]}{' (warm-up)' if c.get('warmup') else ''}</td>"
+        f"<tr class=\"{'bad' if c.get('cold') else ''}\">{run_cell(run)}<td>{_start_label(c)}{' (warm-up)' if c.get('warmup') else ''}</td>"
         f"<td class=n>{c.get('first_count', 0):,}</td><td class=n>{_num(c.get('first_p50_ms'))}</td><td class=n>{_num(c.get('first_max_ms'))}</td>"
         f"<td class=n>{_num(c.get('steady_p50_ms'))}</td><td class=n>{_num(c.get('slowdown_p50'), '.2f')}{'×' if c.get('slowdown_p50') is not None else ''}</td>"
         f"<td class=n>{_num(c.get('time_to_steady_s'), '.1f', 'never')}</td><td>{'yes (' + c['cold_by'] + ')' if c.get('cold') and c.get('cold_by') else 'yes' if c.get('cold') else 'no'}</td></tr>"
-        for i, (run, c) in enumerate(entries))
-    panel.html = ("<table><tr>" + ("<th>run</th>" if compare else "") + "<th>start</th><th>first requests</th><th>first p50 ms</th>"
-                  "<th>first max ms</th><th>steady p50 ms</th><th>slowdown p50</th><th>time to steady (s)</th><th>cold?</th></tr>"
-                  + rows + "</table>")
-    panel.note = ("Each start (the run, each phase, each replica the target added) compares its first requests with the "
-                  "steady state after it. A start is cold when its first p50 is more than 1.5× the steady p50, or its "
-                  "first max more than 1.5× the steady max (a request or two that waited for a model load).")
+        for run, c in starts)
+    return ("<details><summary>Every start analysed (the run, each phase, each replica)</summary><table><tr>"
+            + ("<th>run</th>" if compare else "") + "<th>start</th><th>first requests</th><th>first p50 ms</th>"
+            "<th>first max ms</th><th>steady p50 ms</th><th>slowdown p50</th><th>p50 back to steady after (s)</th><th>cold?</th></tr>"
+            + rows + "</table></details>")
+
+
+def coldstart_panel(events: list[dict], series: dict[tuple[str, str], pd.DataFrame], starts: list[dict],
+                    base_events: list[dict] | None = None, base_series: dict | None = None,
+                    base_starts: list[dict] | None = None) -> Panel:
+    """How long users suffered, and how badly, at each capacity change (analysis.coldstart.capacity_events):
+    a line per change, a zoomed latency plot per change (each interval's max and p50 on the series the
+    change is on, the steady p50, the stretch users suffered shaded), and a table. With base_*, both runs:
+    the n-th change of a kind in one run is drawn with the n-th of that kind in the other (base dashed),
+    on a clock that starts at its cause (the scale action, the launch, the idle stretch's start)."""
+    compare = base_events is not None
+    panel = Panel("coldstart", "Cold starts: how long users suffered, and how badly" + (", base vs new" if compare else ""))
+    runs = [("base", base_events or [], base_series or {}), ("new", events, series)] if compare else [("", events, series)]
+    entries = [(run, e) for run, evs, _ in runs for e in evs]
+    all_starts = [(run, c) for run, chosen in ((("base", base_starts or []), ("new", starts)) if compare else (("", starts),)) for c in chosen]
+    if not entries:
+        panel.note = ("No capacity change to measure: the scenario launched no target, ran no scale action and had no idle "
+                      "stretch (see scenarios/scale_up.yaml and scenarios/cold_start.yaml)." + ("" if compare else ""))
+        panel.html = _starts_table(all_starts, compare) if all_starts else ""
+        return panel
+    panel.lead = "<ul class=\"cold\">" + "".join(
+        f"<li class=\"{'bad' if e.get('cold') else 'good'}\">{'<b>' + run + '</b> ' if compare else ''}<b>{_cold_title(e)}</b>: {_how_bad(e)}</li>"
+        for run, e in entries) + "</ul>"
+    # one subplot per change; in a comparison the n-th of a kind in each run share one
+    groups: dict[tuple[str, int], dict[str, dict]] = {}
+    for run, evs, _ in runs:
+        seen: dict[str, int] = {}
+        for e in evs:
+            n = seen[e["kind"]] = seen.get(e["kind"], -1) + 1
+            groups.setdefault((e["kind"], n), {})[run] = e
+    keys = list(groups)[:MAX_COLD_PLOTS]
+    cols = min(len(keys), 3)
+    rows = math.ceil(len(keys) / cols)
+    titles = [_cold_title(groups[k].get("new") or groups[k].get("") or groups[k]["base"]) for k in keys]
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.07, vertical_spacing=0.18)
+    frames = dict((run, frs) for run, _, frs in runs)
+    values = []
+    for i, key in enumerate(keys):
+        row, col = i // cols + 1, i % cols + 1
+        for run, e in groups[key].items():
+            df = frames[run].get((e["metric"], e["class"]))
+            if df is None or not len(df):
+                continue
+            zero = e["cause_at_s"] if e["kind"] in ("scale_up", "restart") else e["at_s"]
+            suffered = e.get("suffered_s")
+            until = e["at_s"] + (suffered if suffered is not None else 5.0) + 4.0
+            near = df[(df["t_s"] >= zero - 1.0) & (df["t_s"] <= until) & (df["count"] > 0)]
+            interval = float(near["t_s"].diff().min()) if len(near) > 1 else 1.0
+            x = f32(near["t_s"].to_numpy(float) + interval / 2 - zero)
+            dash, who = ("dash", "base ") if run == "base" else ("solid", "new " if compare else "")
+            first = i == 0
+            fig.add_trace(go.Scatter(x=x, y=f32(near["max_ms"]), mode="lines+markers", name=f"{who}max per interval",
+                                     legendgroup=f"{run}max", showlegend=first, line=dict(color="#d62728", dash=dash, width=1.5),
+                                     marker=dict(size=4), hovertemplate="max %{y:.1f} ms"), row=row, col=col)
+            fig.add_trace(go.Scatter(x=x, y=f32(near["p50_ms"]), mode="lines", name=f"{who}p50 per interval",
+                                     legendgroup=f"{run}p50", showlegend=first, line=dict(color="#2ca02c", dash=dash, width=1.5),
+                                     hovertemplate="p50 %{y:.1f} ms"), row=row, col=col)
+            values.extend(near[["p50_ms", "max_ms"]].to_numpy(float).ravel().tolist())
+            if e.get("steady_p50_ms"):
+                fig.add_hline(y=e["steady_p50_ms"], line=dict(color="#1f77b4", dash="dot" if run == "base" else "dash", width=1),
+                              row=row, col=col)
+            if e.get("cold") and suffered:
+                fig.add_vrect(x0=e["at_s"] - zero, x1=e["at_s"] + suffered - zero, fillcolor="#d62728",
+                              opacity=0.10 if run == "base" else 0.18, line_width=0, row=row, col=col)
+            fig.add_vline(x=e["at_s"] - zero, line=dict(color="#555", dash="dot", width=1), row=row, col=col)
+        fig.update_xaxes(title_text="s since " + ("the action" if key[0] in ("scale_up", "restart") else "it started"),
+                         row=row, col=col)
+    finite = np.array([v for v in values if v and math.isfinite(v) and v > 0])
+    if len(finite) and finite.max() / finite.min() > 20:
+        fig.update_yaxes(type="log", **log_ticks(finite))
+    fig.update_yaxes(title_text="latency (ms)", col=1)
+    # the legend above the subplot titles, not over them
+    panel.figure = _layout(fig, 320 * rows + 80, margin={**MARGIN, "t": 80},
+                           legend=dict(orientation="h", yanchor="top", y=0.98, yref="container", xanchor="left", x=0))
+    panel.html = _cold_table(entries, compare) + _starts_table(all_starts, compare)
+    panel.note = ("Each capacity change (the launched target's start, a restart, a replica added by a scale action, the first "
+                  "request after an idle stretch) against the steady state that followed it. Red: each interval's slowest request; "
+                  "green: its median; dashed blue: the steady p50; shaded: the stretch users suffered — until the p50 of each "
+                  "window of N requests stays within 20% of steady and no interval's max is over 1.5× the steady max. "
+                  "<i>First request</i> is the very first response measured on its own (the replica's first, the first after "
+                  "idle); a change is cold when its first requests were over 1.5× the steady p50, or its slowest over 1.5× the steady max."
+                  + (" Each run's change is drawn on a clock that starts at its cause; base dashed, new solid." if compare else ""))
     return panel
 
 

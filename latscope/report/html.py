@@ -194,6 +194,22 @@ def generator_lags(run: RunData) -> tuple:
     return tuple(percentiles.interval_percentiles(run, m, "all") if m in metrics else None for m in ("send_lag", "loop_lag"))
 
 
+def cold_start_data(run: RunData) -> tuple[list[dict], dict, list[dict]]:
+    """(capacity events, their latency series by (metric, class), every start) for the cold-start panel."""
+    cold = coldstart.cold_start_summary(run)
+    events = coldstart.capacity_events(cold)
+    series = {(e["metric"], e["class"]): percentiles.interval_percentiles(run, e["metric"], e["class"]) for e in events}
+    return events, series, cold["starts"]
+
+
+def coldstart_panel(run: RunData, base: RunData | None = None) -> Panel:
+    events, series, starts = cold_start_data(run)
+    if base is None:
+        return figures.coldstart_panel(events, series, starts)
+    base_events, base_series, base_starts = cold_start_data(base)
+    return figures.coldstart_panel(events, series, starts, base_events, base_series, base_starts)
+
+
 def run_panels(run: RunData) -> list[Panel]:
     s = run.summary
 
@@ -222,7 +238,7 @@ def run_panels(run: RunData) -> list[Panel]:
          lambda: figures.load_time_panel(percentiles.interval_percentiles(run, "latency", "all"), s, run.events)),
         ("streaming", "Streaming", streaming),
         ("gpu", "GPU lanes", gpu),
-        ("coldstart", "Cold starts", lambda: figures.coldstart_panel(coldstart.cold_starts(run))),
+        ("coldstart", "Cold starts", lambda: coldstart_panel(run)),
         ("serialization", "Serialization", lambda: figures.serialization_panel(serialization.breakdown(run))),
         ("generator", "Generator health", generator),
     ]
@@ -259,6 +275,7 @@ code{font-size:12px;background:#f3f3f3;padding:1px 4px;border-radius:3px;word-br
 .stamp{font-weight:700;padding:2px 8px;border-radius:4px;color:#fff;background:#666;white-space:nowrap}
 .stamp.valid{background:#18794e}.stamp.degraded{background:#b7791f}.stamp.invalid{background:#c62828}
 .badges span{display:inline-block;margin-right:8px}
+ul.cold{margin:4px 0 8px;padding-left:20px;font-size:14px}ul.cold li.bad b{color:#c62828}ul.cold li.good b{color:#18794e}
 .grid{display:grid;grid-template-columns:1fr 1fr;gap:16px}
 nav{font-size:13px}nav a{margin-right:12px;color:#1f5fa8;text-decoration:none}
 .plot{width:100%}

@@ -1,111 +1,110 @@
-"""Acceptance, end to end: a latscope run against the real reference server, which gets a replica
-added mid-run without pre-warming; cold_starts() must find that replica and its slow first
-requests, and must not flag the pre-warmed replica the run started with."""
+"""Acceptance, end to end: the shipped cold-start scenarios, run (shortened, on free ports) against the
+real reference server that they launch, must put what happened into summary.json's cold_start:
+
+- scale_up.yaml: a replica added by the scenario's admin-API action mid-ramp; without pre-warming
+  its first request waits for the model to load (much slower than its steady state), pre-warmed it
+  does not;
+- cold_start.yaml: the launch (process start -> ready -> first response -> steady) and a request
+  after an idle stretch longer than the server's --idle-unload (scale from zero), against one after
+  a stretch shorter than it (no reload, not cold).
+"""
 
 from __future__ import annotations
 
 import json
-import sys
-import threading
-import time
-import urllib.request
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference_server"))  # refserver.py: shared helpers
-import refserver  # noqa: E402
-from refserver import MODEL, running_server  # noqa: E402
+import pytest
 
-from latscope.analysis.coldstart import cold_starts  # noqa: E402
-from latscope.analysis.run_data import load_run  # noqa: E402
-from latscope.run import run_scenario  # noqa: E402
-from latscope.scenario import scenario_from_dict  # noqa: E402
+from latscope.analysis.coldstart import COLD_RATIO
+from latscope.results import read_events
+from latscope.run import run_scenario
+from latscope.scenario import load_scenario
 
-TOKEN = "coldstart-test-token"
-# The default encoder (6 layers): its load takes a few hundred ms, while 4 tokens run in a few ms.
-BODY = {"inputs": [
-    {"name": "input_ids", "shape": [1, 4], "datatype": "INT64", "data": [101, 2023, 2003, 102]},
-    {"name": "attention_mask", "shape": [1, 4], "datatype": "INT64", "data": [1, 1, 1, 1]},
-]}
-ADD_AFTER_S = 1.5  # into the run: after the first 20 requests (a replica then takes a second or more to start)
-DURATION_S = 10.0
-RATE = 20.0  # req/s: with fresh connections about half reach the new replica
+from conftest import REPO, free_port
 
-cache, logs = refserver.cache, refserver.logs
+TOKEN = "coldstart-test-token-0123456789"
 
 
-def add_replica(admin_url: str) -> dict:
-    request = urllib.request.Request(f"{admin_url}/admin/replicas", data=json.dumps({"prewarm": False}).encode(),
-                                     method="POST", headers={"Authorization": f"Bearer {TOKEN}",
-                                                             "Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.loads(response.read())
+def _run(name: str, tmp_path, *overrides: str) -> tuple[dict, list[dict]]:
+    """Run scenarios/<name>.yaml on free ports: the server's HTTP port, and its admin port where it has one."""
+    port, admin = free_port(), free_port()
+    scenario = REPO / "scenarios" / f"{name}.yaml"
+    command = load_scenario(scenario).target.launch.command.replace("8765", str(port)).replace("8767", str(admin))
+    sets = [f"target.url=http://127.0.0.1:{port}", f"target.launch.command={command}",
+            f"target.launch.ready_url=http://127.0.0.1:{port}/v2/health/ready", f"output.dir={tmp_path}",
+            "output.report=false", *overrides]
+    if "--admin-port" in command:
+        sets.append(f"actions.0.http.url=http://127.0.0.1:{admin}/admin/replicas")
+    result = run_scenario(load_scenario(scenario, sets), workers=1)
+    return result.summary, read_events(result.run_dir)
 
 
-def test_a_replica_added_without_prewarm_is_found_cold(cache, logs, tmp_path):
-    out = tmp_path / "run"
-    data = {
-        "name": "coldstart", "seed": 1,
-        # Connection: close: every request on a fresh connection, which the kernel hashes onto one of
-        # the replicas listening on the port (SO_REUSEPORT), so the new replica gets traffic at once.
-        "target": {"url": "", "method": "POST", "path": f"/v2/models/{MODEL}/infer", "timeout": 10,
-                   "headers": {"Connection": "close", "Content-Type": "application/json"}},
-        "workload": {"body": BODY},
-        "phases": [{"name": "steady", "duration": DURATION_S, "arrival": {"type": "constant", "rate": RATE}}],
-        "output": {"dir": str(tmp_path), "interval": 0.1},
-    }
-    added: dict = {}
-    with running_server(logs, "--http-port", "0", "--grpc-port", "-1", "--admin-port", "0", "--admin-token", TOKEN,
-                        "--cache-dir", str(cache), "--threads", "1",
-                        need=("ready", "ready-admin")) as server:
-        data["target"]["url"] = server.url
+@pytest.fixture
+def admin_token(monkeypatch):
+    monkeypatch.setenv("LATSCOPE_REF_ADMIN_TOKEN", TOKEN)  # the server and the action both read it
 
-        def scale_up() -> None:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                events = out / "events.jsonl"
-                if events.exists() and "run_start" in events.read_text():
-                    break
-                time.sleep(0.02)
-            started = time.monotonic()
-            time.sleep(ADD_AFTER_S)
-            added["replica"] = add_replica(server.admin)
-            added["at_s"] = time.monotonic() - started
 
-        thread = threading.Thread(target=scale_up, daemon=True)
-        thread.start()
-        result = run_scenario(scenario_from_dict(data), out=out, workers=1)
-        thread.join(10)
-    assert "replica" in added, "the replica was never added"
-    summary = result.summary
-    assert summary["requests"]["errors"] == 0, summary["error_examples"]
-    run = load_run(out)
-    # N = 3: at ~10 req/s a replica, a model load of ~300 ms holds up about that many requests
-    # (each waits for what is left of the load); with N = 20 they would be diluted by fast ones.
-    starts = cold_starts(run, first_n=3)
-    print("\n" + "\n".join(json.dumps(s) for s in starts))
-    new_id = added["replica"]["id"]
-    by_label = {s["label"]: s for s in starts}
-    assert new_id in by_label, (new_id, starts)
-    new = by_label[new_id]
-    assert new["kind"] == "replica" and new["warmup"] is False
-    # first seen when it answered its first request: after it was added, once started and loaded
-    assert added["at_s"] - 0.3 <= new["at_s"] < DURATION_S, (added, new)
-    # Its first requests waited for the model to load: the first of them by the whole load (tens to
-    # hundreds of ms against ~10 ms), the others by what was left of it when they came — on a busy
-    # machine the load may be over after one or two of them, so the max, not the p50, shows it.
-    assert new["cold"] is True and new["first_max_ms"] > 3 * new["steady_p50_ms"], new
-    assert new["time_to_steady_s"] is None or 0 <= new["time_to_steady_s"] < DURATION_S
-    # The replica the run started with was pre-warmed: over the default N (20 requests, so that a
-    # scheduling hiccup on a busy machine does not decide it, all sent before the new replica's start
-    # competed for the CPU) neither it nor the run's start is cold.
-    default = cold_starts(run)
-    print("\n".join(json.dumps(s) for s in default if s["label"] != new_id))
-    (original,) = [s for s in default if s["kind"] == "replica" and s["label"] != new_id]
-    assert original["at_s"] < 0.5 and original["cold"] is False, original
-    (run_start,) = [s for s in default if s["kind"] == "run_start"]
-    assert run_start["cold"] is False and run_start["label"] == "steady", run_start
-    # the per-replica latency made it into the summary and the time series
-    assert set(summary["metrics"]["replica_latency"]) == {original["label"], new_id}
-    assert sum(s["count"] for s in summary["metrics"]["replica_latency"].values()) == summary["requests"]["completed"]
-    ts = run.timeseries
-    assert set(ts[ts.metric == "replica_latency"]["class"]) == {original["label"], new_id}
+@pytest.mark.parametrize("prewarm", [False, True], ids=["no-prewarm", "prewarm"])
+def test_a_replica_added_mid_ramp_is_cold_without_prewarm_and_not_with_it(tmp_path, monkeypatch, admin_token, prewarm):
+    monkeypatch.setenv("PREWARM", "--prewarm" if prewarm else "--no-prewarm")
+    # 3 s warm-up (the launch's own cold start, with --no-prewarm, falls in it), a 9 s ramp with the
+    # replica added 2 s in, a 5 s hold: the new replica then serves ~10 s of traffic.
+    s, events = _run("scale_up", tmp_path, "phases.0.duration=3s", "phases.1.duration=9s", "phases.2.duration=5s",
+                     "actions.0.when.after=2s", "slos=[]")
+    assert s["requests"]["errors"] == 0, s["error_examples"]
+    (end,) = [e for e in events if e["event"] == "action_end"]
+    assert end["ok"] is True and end["status"] == 202, end
+    added = json.loads(end["response"])  # the admin API answers with the new replica
+    assert added["prewarm"] is prewarm
+    assert TOKEN not in json.dumps(events) and TOKEN not in json.dumps(s)
+
+    (up,) = s["cold_start"]["scale_up"]
+    print("\n" + json.dumps(up))
+    assert up["replica"] == added["id"] and up["action"] == "add-replica"
+    (start,) = [e for e in events if e["event"] == "action_start"]
+    assert up["issued_at_s"] == start["t_s"] and 0 < up["seen_after_s"] < 10
+    assert up["first_sent_s"] < up["first_seen_s"] and up["steady_count"] > 20
+    # The new replica's own histograms: every one of its requests, and only its.
+    assert s["metrics"]["replica_latency"][up["class"]]["count"] >= up["first_count"] + up["steady_count"]
+    if not prewarm:
+        # It took traffic before its model was loaded: its first request waited for the load (a few
+        # hundred ms on this encoder, against tens of ms once loaded).
+        assert up["cold"] is True and up["first_latency_ms"] > 4 * up["steady_p50_ms"], up
+        assert up["suffered_s"] is not None and up["suffered_s"] >= up["first_latency_ms"] / 1000 and up["affected_requests"] >= 1
+    else:
+        # Loaded and warmed up before it took traffic: its first request is as fast as its steady state
+        # (slower than every steady request by half again would happen by chance far less than 1 time in M).
+        assert up["cold"] is False and up["first_latency_ms"] < COLD_RATIO * up["steady_max_ms"], up
+        assert up["suffered_s"] == 0.0 and up["affected_requests"] == 0
+
+
+def test_cold_start_scenario_times_the_launch_and_detects_scale_from_zero(tmp_path):
+    # As shipped (--no-prewarm --idle-unload 3), with one idle stretch shorter than the unload before the long one.
+    phases = ("phases=[{name: first-requests, duration: 3s, arrival: {type: constant, rate: 20}},"
+              " {name: pause, duration: 1s, arrival: {type: idle}},"
+              " {name: again, duration: 3s, arrival: {type: constant, rate: 20}},"
+              " {name: idle, duration: 5s, arrival: {type: idle}},"
+              " {name: wake, duration: 3s, arrival: {type: constant, rate: 20}}]")
+    s, events = _run("cold_start", tmp_path, phases)
+    assert s["requests"]["errors"] == 0, s["error_examples"]
+    cold = s["cold_start"]
+    print("\n" + json.dumps({k: v for k, v in cold.items() if k != "starts"}))
+
+    launch = cold["target_launch"]  # seconds since the process started
+    assert 0 < launch["ready_s"] < launch["first_response_s"] < launch["steady_s"]
+    assert launch["launched_at_s"] < 0 and launch["first_response_s"] <= -launch["launched_at_s"] + 2.0
+    # --no-prewarm: the first request loaded the model
+    assert launch["cold"] is True and launch["first_response_latency_ms"] > 4 * launch["steady_p50_ms"], launch
+
+    pause, wake = cold["scale_from_zero"]
+    # the gaps: a pause of 1 s and an idle of 5 s, plus one 50 ms request spacing
+    assert (pause["phase"], wake["phase"]) == ("again", "wake")
+    assert pause["idle_gap_s"] == pytest.approx(1.05) and wake["idle_gap_s"] == pytest.approx(5.05)
+    assert wake["at_s"] == pytest.approx(12.0) and pause["at_s"] == pytest.approx(4.0)
+    # 5 s idle > --idle-unload 3: the model was unloaded and the first request reloaded it
+    assert wake["cold"] is True and wake["first_latency_ms"] > COLD_RATIO * wake["steady_max_ms"], wake
+    assert wake["replica"] and wake["error"] is None and wake["suffered_s"] is not None and wake["suffered_s"] > 0
+    # 1 s idle < 3: still loaded, not cold
+    assert pause["cold"] is False, pause
+    probes = [e for e in events if e["event"] == "first_after_idle"]
+    assert [p["request"] for p in probes] == [60, 120]  # the first request of each phase after an idle one

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import itertools
 import shutil
 import subprocess
@@ -101,6 +102,27 @@ class Page:
             shot = await self._send("Page.captureScreenshot", {
                 "format": "png", "captureBeyondViewport": True,
                 "clip": {"x": 0, "y": 0, "width": width, "height": height, "scale": scale}}, timeout=60)
+            return base64.b64decode(shot["data"])
+
+        path.write_bytes(self.run(shoot()))
+        return path
+
+
+    def screenshot_of(self, selector: str, path: Path, width: int = 1280, scale: float = 1.0) -> Path:
+        """The element matching CSS `selector` as a PNG (the page laid out `width` pixels wide)."""
+
+        async def shoot() -> bytes:
+            metrics = await self._send("Page.getLayoutMetrics")
+            await self._send("Emulation.setDeviceMetricsOverride", {
+                "width": width, "height": int(metrics["cssContentSize"]["height"]), "deviceScaleFactor": 1, "mobile": False})
+            await self._drain(0.5)  # let plotly's responsive resize settle
+            found = await self._send("Runtime.evaluate", {"returnByValue": True, "expression":
+                f"(() => {{ const r = document.querySelector({json.dumps(selector)}).getBoundingClientRect();"
+                " return [r.left + scrollX, r.top + scrollY, r.width, r.height]; })()"})
+            x, y, w, h = found["result"]["value"]
+            shot = await self._send("Page.captureScreenshot", {
+                "format": "png", "captureBeyondViewport": True,
+                "clip": {"x": x, "y": y, "width": w, "height": h, "scale": scale}}, timeout=60)
             return base64.b64decode(shot["data"])
 
         path.write_bytes(self.run(shoot()))

@@ -82,6 +82,8 @@ def _run(tmp: Path, streamer: str, replica: str, phase: str, rate: float) -> Pat
             ]},
             "phases": [
                 {"name": "warmup", "duration": 0.5, "warmup": True, "arrival": {"type": "constant", "rate": 10}},
+                # the first request after it is measured on its own: a capacity change for the cold-start panel
+                {"name": "quiet", "duration": 0.3, "arrival": {"type": "idle"}},
                 {"name": phase, "duration": 3, "arrival": {"type": "burst", "base_rate": rate, "burst_rate": rate * 3,
                                                            "burst_length": 0.5, "period": 1.5}},
             ],

@@ -212,6 +212,7 @@ def compare_runs(run_dir, tmp_path_factory) -> tuple[Path, Path]:
             "name": "html", "seed": 3, "target": {"url": url, "method": "POST", "path": "/infer", "timeout": 5},
             "workload": {"body": {"inputs": [1]}, "classes": [{"name": "a", "weight": 1}, {"name": "b", "weight": 1}]},
             "phases": [{"name": "w", "duration": 0.5, "warmup": True, "arrival": {"type": "constant", "rate": 20}},
+                       {"name": "pause", "duration": 0.3, "arrival": {"type": "idle"}},  # a capacity change: after idle
                        {"name": "main", "duration": 1.5, "arrival": {"type": "constant", "rate": 40}}],
             "output": {"dir": str(tmp)}})
         new = run_scenario(scenario, workers=1).run_dir
@@ -259,12 +260,14 @@ def test_compare_draws_every_report_panel_with_both_runs(compare_runs, tmp_path)
     assert np.allclose(_array(power["nvml 0 (new)"]["y"]) - _array(power["nvml 0 (base)"]["y"]), 20)
     assert {"send lag p99 (base)", "send lag p99 (new)", "CPU worker-0 (base)", "CPU worker-0 (new)",
             "CPU whole machine (base)", "CPU whole machine (new)"} <= _names(figures["plot-generator"])
-    # Cold starts: one bar group per run on a two-level axis, and the table's rows labelled with their run.
-    bars = list(zip(*figures["plot-coldstart"]["data"][0]["x"]))
-    assert bars[0] == ("base", "run start<br>@ 0.0 s") and ("new", "new replica<br>r1<br>@ 0.0 s") in bars
-    assert [run for run, _ in bars] == ["base"] * 2 + ["new"] * 3  # base: run start, main; new: the same and replica r1
+    # Cold starts: the new run's one capacity change (the first request after its idle phase) drawn and
+    # listed for the new run only (the base run had none); every start of both runs in the detail table.
+    assert _names(figures["plot-coldstart"]) == {"new max per interval", "new p50 per interval"}
+    assert figures["plot-coldstart"]["layout"]["annotations"][0]["text"] == "scale from zero after idle, phase main @ 0.8 s"
+    assert page.count("<td><b>new</b></td><td>scale from zero after idle, phase main @ 0.8 s</td>") == 1
+    assert "<td><b>base</b></td><td>scale from zero" not in page
     assert page.count("<td><b>base</b></td><td>run start @ 0.0 s") == 1 and page.count("<td><b>new</b></td><td>run start @ 0.0 s") == 1
-    assert "new replica r1" in page  # the new run's replica start, in its half of the table
+    assert "new replica r1" in page  # the new run's replica start, in its half of the detail table
 
 
 def test_compare_delta_table_lists_every_metric_and_class_grouped(compare_runs, tmp_path):
