@@ -19,8 +19,10 @@ per request):
   intervals: late enough for a warm-up to be over, measured on the same traffic. No steady state
   (None) when nothing is left for it.
 - *Time to steady* runs from `at_s` to the start of the first window from which every later
-  window of the segment has a p50 no more than 20% above the steady p50 (0 when that holds from
-  the first window on; None when the segment's last window is still above). Windows, not single
+  window of the segment has a p50 at or under the *steady ceiling*: 20% above the steady p50, or,
+  where the steady state's own windows spread wider (a noisy target, a load that still changes),
+  the highest of their p50s — a window no worse than every steady window is as steady as they are
+  (0 when that holds from the first window on; None without a steady state). Windows, not single
   intervals: the segment's intervals are grouped, in order, into runs holding at least N values
   each (the first window is the first N's), so that each p50 rests on as many requests as the
   first N's does. Only "above" counts: a cold start is a slowdown, and a fast window is no sign
@@ -28,7 +30,7 @@ per request):
 - *Slow for*: from `at_s` to the end of the leading run of intervals whose max is more than 1.5 ×
   the steady max (0 when the first interval's is not): the few requests that waited for a model
   load, which a window's p50 hides. *Suffered* runs from `at_s` to the later of the end of "slow
-  for" and the start of the first window whose p50 is back within 20% of the steady p50 (None when
+  for" and the start of the first window whose p50 is back under the steady ceiling (None when
   none is; 0 for a start that is not cold): how long users met a cold target. Unlike time to
   steady, a later bump (the load rising on a ramp, a noisy neighbour) does not stretch it; *affected requests* are those
   in the intervals that start within it.
@@ -129,6 +131,7 @@ def _analyse(intervals: ClassIntervals, at_s: float, end_s: float, first_n: int)
         "steady_from_s": round(float(intervals.start_s[steady_positions[0]]), 6) if steady["count"] else None,
         "slowdown_p50": None,
         "time_to_steady_s": None,
+        "steady_ceiling_ms": None,
         "slow_for_s": None,
         "suffered_s": None,
         "affected_requests": None,
@@ -145,7 +148,13 @@ def _analyse(intervals: ClassIntervals, at_s: float, end_s: float, first_n: int)
         entry["cold"] = entry["cold_by"] is not None
         windows = _windows(totals, first_n)
         p50_ms = np.array([intervals.span_percentile(50.0, positions[a], positions[b - 1]) for a, b in windows]) / 1000
-        above = np.flatnonzero(p50_ms > (1 + STEADY_BAND) * steady_p50)
+        # A window is steady when its p50 is within STEADY_BAND of the steady p50, or no higher than
+        # the highest of the steady state's own windows (on a noisy target the steady windows spread
+        # wider than the band; one no worse than all of them is as steady as they are).
+        steady_windows = np.array([intervals.start_s[positions[a]] >= middle for a, _ in windows])
+        ceiling = max((1 + STEADY_BAND) * steady_p50, float(np.nanmax(p50_ms[steady_windows], initial=0.0)))
+        entry["steady_ceiling_ms"] = round(ceiling, 3)
+        above = np.flatnonzero(p50_ms > ceiling)
         if not len(above):
             entry["time_to_steady_s"] = 0.0
         elif above[-1] + 1 < len(windows):
@@ -160,7 +169,7 @@ def _analyse(intervals: ClassIntervals, at_s: float, end_s: float, first_n: int)
         entry["slow_for_s"] = round(max(0.0, float(ends[positions[slow - 1]]) - at_s), 6) if slow else 0.0
         # Suffering ends when latency first comes back: the first window whose p50 is within the band
         # (unlike time to steady, a later bump under changing load does not stretch it).
-        back = np.flatnonzero(p50_ms <= (1 + STEADY_BAND) * steady_p50)
+        back = np.flatnonzero(p50_ms <= ceiling)
         back_s = None if not len(back) else max(0.0, float(intervals.start_s[positions[windows[back[0]][0]]]) - at_s)
         if not entry["cold"]:  # a warm start's later ups and downs are the load's, not a cold start's
             entry["suffered_s"], entry["affected_requests"] = 0.0, 0
