@@ -22,10 +22,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shlex
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -34,7 +32,7 @@ from typing import Any, Callable, Protocol
 
 from latscope import results
 from latscope.errors import RunError
-from latscope.launch import LaunchedTarget, start_target, stop_target
+from latscope.launch import LaunchedTarget, command_argv, start_target, stop_target
 from latscope.plan import Plan
 from latscope.scenario import Action, Scenario
 
@@ -51,14 +49,6 @@ class TargetHost(Protocol):
     """What holds the launched target (the run): a restart replaces `target`."""
 
     target: LaunchedTarget | None
-
-
-def _argv(command: str | list[str]) -> list[str]:
-    """As for target.launch: a string is split with shlex (no shell); `python` is latscope's interpreter."""
-    argv = shlex.split(command) if isinstance(command, str) else list(command)
-    if argv and argv[0] in ("python", "python3"):
-        argv[0] = sys.executable
-    return argv
 
 
 def _one_line(text: str) -> str:
@@ -157,7 +147,7 @@ class ActionRunner:
         return text
 
     def _command(self, i: int, action: Action) -> dict[str, Any]:
-        argv = _argv(action.command)
+        argv = command_argv(action.command)
         with self._lock:  # started and registered at once: stop() kills every command it lets start
             if self._stopping.is_set():
                 return {"ok": False, "exit_code": None, "output": "", "error": "the run ended before it could start"}

@@ -13,6 +13,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from latscope.analysis import coldstart
 from latscope.run import Progress
 
 PLAIN_EVERY_S = 10.0
@@ -102,6 +103,10 @@ def print_summary(console: Console, summary: dict, run_dir: object) -> None:
         mark = Text("PASS", "green") if slo["passed"] else Text("FAIL", "red")
         console.print(Text.assemble("SLO ", mark, f" {slo['metric']}/{slo['class']} {slo['stat']} "
                                     f"{_ms(slo['value'])} {'≥' if slo.get('direction') == 'min' else '≤'} {slo['limit']:g}"))
+    for event in coldstart.capacity_events(summary.get("cold_start")):
+        console.print(Text.assemble(Text("cold start" if event.get("cold") else "capacity change",
+                                         "bold red" if event.get("cold") else "green"),
+                                    f" {coldstart.title(event)}: {coldstart.describe(event)}"), highlight=False)
     stamp = summary["validity"]
     console.print(Text.assemble("measurement: ", Text(stamp.upper(), STYLE[stamp]),
                                 *(f"\n  - {reason}" for reason in summary["validity_reasons"])))

@@ -39,8 +39,10 @@ class LaunchedTarget:
         return self.process.poll()
 
 
-def _command(launch: Launch) -> list[str]:
-    argv = shlex.split(launch.command) if isinstance(launch.command, str) else list(launch.command)
+def command_argv(command: str | list[str]) -> list[str]:
+    """A scenario's command (target.launch, a command action) as argv: a string is split with shlex
+    (no shell); `python`/`python3` first means the interpreter running latscope."""
+    argv = shlex.split(command) if isinstance(command, str) else list(command)
     if argv and argv[0] in ("python", "python3"):
         argv[0] = sys.executable
     return argv
@@ -64,7 +66,7 @@ def _is_ready(url: str) -> bool:
 def start_target(launch: Launch, cwd: Path, log_path: Path, should_stop: Callable[[], bool] = lambda: False) -> LaunchedTarget:
     """Start the target and wait until its readiness URL answers 2xx (or, without one, until it has
     run for a moment without exiting). `should_stop` lets Ctrl-C end the wait."""
-    argv = _command(launch)
+    argv = command_argv(launch.command)
     started = time.monotonic()
     started_ns = time.perf_counter_ns()
     with open(log_path, "ab") as log:

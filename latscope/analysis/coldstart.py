@@ -399,3 +399,31 @@ def capacity_events(cold: dict | None) -> list[dict]:
         add("scale_from_zero", w.get("phase"), w["at_s"] - (w.get("idle_gap_s") or 0.0), w["at_s"], w, w.get("first_latency_ms"))
     return sorted(out, key=lambda e: e["at_s"])
 
+
+KIND_LABEL = {"launch": "target launch", "restart": "restart", "scale_up": "scale-up", "scale_from_zero": "scale from zero"}
+
+
+def title(e: dict) -> str:
+    """A capacity event (capacity_events) in a few words: what, and when on the run's clock."""
+    name = {"launch": "", "restart": f" ({e['name']})", "scale_up": f" {e['name']}",
+            "scale_from_zero": f" after idle, phase {e['name']}"}[e["kind"]]
+    return f"{KIND_LABEL[e['kind']]}{name} @ {e['at_s']:.1f} s"
+
+
+def describe(e: dict) -> str:
+    """How long users suffered at a capacity event, and how badly, in one phrase (numbers only)."""
+    worst = e.get("first_latency_ms") if e.get("first_latency_ms") is not None else e.get("first_max_ms")
+    steady = e.get("steady_p50_ms")
+    if worst is None or not steady:
+        return "no steady state to compare with"
+    timeline = ""
+    if e["kind"] == "launch" and None not in (e.get("ready_s"), e.get("first_response_s")):
+        steady_at = "" if e.get("steady_s") is None else f", steady {e['steady_s']:.1f} s"
+        timeline = f" (after the process started: ready {e['ready_s']:.1f} s, first response {e['first_response_s']:.1f} s{steady_at})"
+    if not e.get("cold"):
+        return f"not cold: first requests up to {worst:,.0f} ms, steady p50 {steady:,.1f} ms{timeline}"
+    suffered = e.get("suffered_s")
+    how_long = ("latency never settled within the run" if suffered is None
+                else f"for {suffered:.1f} s ({e.get('affected_requests') or 0:,} requests)")
+    return f"users waited up to {worst:,.0f} ms, {worst / steady:,.0f}× the steady p50 of {steady:,.1f} ms, {how_long}{timeline}"
+

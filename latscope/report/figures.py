@@ -22,6 +22,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from latscope.analysis import coldstart
 from latscope.telemetry import METRICS as TELEMETRY_METRICS
 
 # Figure geometry shared by every time-axis panel, so their x axes line up down the page.
@@ -508,33 +509,11 @@ def _num(value: object, fmt: str = ".2f", none: str = "–") -> str:
     return none if value is None or (isinstance(value, float) and not math.isfinite(value)) else format(value, fmt)
 
 
-KIND_LABEL = {"launch": "target launch", "restart": "restart", "scale_up": "scale-up", "scale_from_zero": "scale from zero"}
 MAX_COLD_PLOTS = 6
 
 
 def _cold_title(e: dict) -> str:
-    name = {"launch": "", "restart": f" ({esc(e['name'])})", "scale_up": f" {esc(e['name'])}",
-            "scale_from_zero": f" after idle, phase {esc(e['name'])}"}[e["kind"]]
-    return f"{KIND_LABEL[e['kind']]}{name} @ {e['at_s']:.1f} s"
-
-
-def _how_bad(e: dict) -> str:
-    """One phrase: how long users suffered and how badly, from the analysis' numbers."""
-    worst = e.get("first_latency_ms") if e.get("first_latency_ms") is not None else e.get("first_max_ms")
-    steady = e.get("steady_p50_ms")
-    if worst is None or not steady:
-        return "no steady state to compare with"
-    if e["kind"] == "launch" and None not in (e.get("ready_s"), e.get("first_response_s")):
-        steady_at = "" if e.get("steady_s") is None else f", steady {e['steady_s']:.1f} s"
-        timeline = f" (after the process started: ready {e['ready_s']:.1f} s, first response {e['first_response_s']:.1f} s{steady_at})"
-    else:
-        timeline = ""
-    if not e.get("cold"):
-        return f"not cold: first requests up to {worst:,.0f} ms, steady p50 {steady:,.1f} ms{timeline}"
-    suffered = e.get("suffered_s")
-    how_long = "latency never settled within the run" if suffered is None else (
-        f"for {suffered:.1f} s ({e.get('affected_requests') or 0:,} requests)")
-    return f"users waited up to {worst:,.0f} ms, {worst / steady:,.0f}× the steady p50 of {steady:,.1f} ms, {how_long}{timeline}"
+    return esc(coldstart.title(e))
 
 
 def _cold_table(entries: list[tuple[str, dict]], compare: bool) -> str:
@@ -590,7 +569,7 @@ def coldstart_panel(events: list[dict], series: dict[tuple[str, str], pd.DataFra
         panel.html = _starts_table(all_starts, compare) if all_starts else ""
         return panel
     panel.lead = "<ul class=\"cold\">" + "".join(
-        f"<li class=\"{'bad' if e.get('cold') else 'good'}\">{'<b>' + run + '</b> ' if compare else ''}<b>{_cold_title(e)}</b>: {_how_bad(e)}</li>"
+        f"<li class=\"{'bad' if e.get('cold') else 'good'}\">{'<b>' + run + '</b> ' if compare else ''}<b>{_cold_title(e)}</b>: {coldstart.describe(e)}</li>"
         for run, e in entries) + "</ul>"
     # one subplot per change; in a comparison the n-th of a kind in each run share one
     groups: dict[tuple[str, int], dict[str, dict]] = {}

@@ -128,3 +128,57 @@ def test_a_single_slow_first_request_is_cold_by_max(tmp_path, slow_ms, outlier_m
     assert replica["steady_max_ms"] == hdr_ms([outlier_ms * MS])["max_ms"]
     assert (replica["cold_by"], replica["cold"]) == (cold_by, cold_by is not None)
 
+
+
+def test_capacity_events_say_how_long_and_how_badly_in_time_order():
+    from latscope.analysis.coldstart import capacity_events, describe, title
+
+    steady = {"first_count": 20, "first_max_ms": 380.0, "steady_p50_ms": 25.0, "steady_max_ms": 60.0}
+    cold = {
+        "target_launch": {"launched_at_s": -3.0, "ready_s": 2.0, "first_response_s": 3.2, "steady_s": 3.7,
+                          "first_response_latency_ms": 200.0, **steady, "cold": True, "suffered_s": 0.5, "affected_requests": 10},
+        "restarts": [],
+        "scale_up": [{"action": "add", "issued_at_s": 10.0, "replica": "r1-7", "class": "r1-7", "first_seen_s": 12.0,
+                      "first_sent_s": 11.6, "first_latency_ms": 400.0, **steady, "cold": True, "suffered_s": 2.5,
+                      "affected_requests": 31}],
+        "scale_from_zero": [{"phase": "wake", "at_s": 20.0, "idle_gap_s": 6.0, "first_latency_ms": 30.0, **steady,
+                             "cold": False, "suffered_s": 0.0, "affected_requests": 0}],
+    }
+    launch, up, wake = capacity_events(cold)
+    assert [e["kind"] for e in (launch, up, wake)] == ["launch", "scale_up", "scale_from_zero"]
+    # each on its own series, caused when it was caused, measured from when users met it
+    assert (launch["cause_at_s"], launch["at_s"], launch["metric"]) == (-3.0, 0.0, "latency")
+    assert (up["cause_at_s"], up["at_s"], up["metric"], up["class"]) == (10.0, 11.6, "replica_latency", "r1-7")
+    assert (wake["cause_at_s"], wake["at_s"]) == (14.0, 20.0)
+    assert title(up) == "scale-up r1-7 @ 11.6 s" and title(wake) == "scale from zero after idle, phase wake @ 20.0 s"
+    assert describe(up) == "users waited up to 400 ms, 16× the steady p50 of 25.0 ms, for 2.5 s (31 requests)"
+    assert describe(launch) == ("users waited up to 200 ms, 8× the steady p50 of 25.0 ms, for 0.5 s (10 requests) "
+                                "(after the process started: ready 2.0 s, first response 3.2 s, steady 3.7 s)")
+    assert describe(wake) == "not cold: first requests up to 30 ms, steady p50 25.0 ms"
+    assert capacity_events(None) == [] and capacity_events({"target_launch": None, "restarts": [], "scale_up": [],
+                                                            "scale_from_zero": []}) == []
+
+
+def _one_phase_run(tmp_path, p50_ms_of: dict[int, float], default_ms: float = 10.0):
+    """20 one-second intervals of 10 equal values: p50_ms_of[k] ms in interval k, default_ms elsewhere."""
+    def record(k, rec, phase):
+        record_all(rec, "latency", "default", [int(p50_ms_of.get(k, default_ms) * MS)] * 10)
+    return load_run(write_run(tmp_path / "run", [("p", 0.0, 20.0, False)], record))
+
+
+def test_suffering_ends_when_latency_first_comes_back_and_a_later_bump_does_not_stretch_it(tmp_path):
+    # a model load (300 ms), two slow-ish seconds (14 ms: p50 above 1.2 × 10, max under 1.5 × 10), then a bump at 6 s
+    (start,) = cold_starts(_one_phase_run(tmp_path, {0: 300, 1: 14, 2: 14, 6: 30}), first_n=10)
+    assert start["cold"] is True and start["steady_ceiling_ms"] == round(1.2 * start["steady_p50_ms"], 3)
+    assert start["slow_for_s"] == 1.0  # only interval 0's max is over 1.5 × the steady max
+    assert start["suffered_s"] == 3.0 and start["affected_requests"] == 30  # p50 back under the ceiling at 3 s
+    assert start["time_to_steady_s"] == 7.0  # "stays steady" waits out the bump at 6 s
+
+
+def test_a_noisy_steady_state_raises_the_ceiling_to_its_own_worst_window(tmp_path):
+    # steady windows alternate 10 and 20 ms: a 14 ms window is as steady as they are
+    noisy = {k: 20.0 for k in range(10, 20, 2)}
+    (start,) = cold_starts(_one_phase_run(tmp_path, {0: 300, 1: 14, 2: 14, **noisy}), first_n=10)
+    assert start["steady_ceiling_ms"] == hdr_ms([20 * MS])["p50_ms"]
+    assert start["cold"] is True and start["slow_for_s"] == 1.0 and start["suffered_s"] == 1.0
+    assert start["time_to_steady_s"] == 1.0
