@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+from latscope.analysis import coldstart
 from latscope.report.html import METRIC_LABELS, PERCENTILE_COLUMNS, TABLE_METRICS, fmt_ms, headline
 
 # What can start markup inside a line of a table cell or a bold headline. Line-start syntax (#, -, 1.,
@@ -52,6 +53,10 @@ def summary_markdown(summary: dict, report_name: str | None = "report.html") -> 
         examples = s.get("error_examples") or {}
         lines += ["", *_table(["error", "count", "example"], [
             [md(k), f"{v:,}", md(examples.get(k, [""])[0])[:300]] for k, v in errors.items()])]
+    events = coldstart.capacity_events(s.get("cold_start"))
+    if events:
+        lines += ["", *(f"- {'🥶 cold' if e.get('cold') else 'capacity change'}: **{md(coldstart.title(e))}**: "
+                        f"{md(coldstart.describe(e))}" for e in events)]
     if s.get("partial"):
         lines += ["", f"⚠️ Partial run: {md(s.get('abort_reason') or 'stopped early')}."]
     if report_name:

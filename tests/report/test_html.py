@@ -90,6 +90,17 @@ def test_markdown_escapes_markup_and_table_pipes():
     assert "<img" not in text and "<script" not in text and "&lt;script>" in text and "\\| bad" in text
 
 
+def test_markdown_lists_each_capacity_change_with_how_long_and_how_badly():
+    steady = {"first_count": 20, "first_max_ms": 400.0, "steady_p50_ms": 25.0, "steady_max_ms": 60.0}
+    cold = {"target_launch": None, "restarts": [], "scale_from_zero": [],
+            "scale_up": [{"action": "add", "issued_at_s": 10.0, "replica": "<b>r1</b>", "class": "_b_r1_b_",
+                          "first_seen_s": 12.0, "first_sent_s": 11.6, "first_latency_ms": 400.0, **steady, "cold": True,
+                          "suffered_s": 2.5, "affected_requests": 31}]}
+    text = summary_markdown({"scenario": "s", "metrics": {}, "errors": {}, "validity": "valid", "slo": [], "cold_start": cold})
+    assert ("- 🥶 cold: **scale-up &lt;b>r1&lt;/b> @ 11.6 s**: users waited up to 400 ms, 16× the steady p50 of 25.0 ms, "
+            "for 2.5 s (31 requests)") in text
+
+
 def test_cdn_page_is_small_and_loads_plotly_from_its_cdn(run_dir, tmp_path):
     html_path, md_path = write_report(run_dir, tmp_path / "small.html", cdn=True)
     html = html_path.read_text()
