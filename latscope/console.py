@@ -32,6 +32,34 @@ def progress_line(p: Progress) -> str:
     )
 
 
+def event_line(e: dict) -> str:
+    """A notable event (run.NOTABLE_EVENTS) as one line for the terminal."""
+    at = f"{e['t_s']:7.1f} s" if e.get("t_s") is not None else " before t=0"
+    kind = e["event"]
+    if kind == "action_end":
+        outcome = "ok" if e.get("ok") else "FAILED"
+        detail = (f"status {e['status']}" if e.get("status") is not None else
+                  f"exit code {e['exit_code']}" if e.get("exit_code") is not None else
+                  f"ready after {e['ready_after_s']:.2f} s" if e.get("ready_after_s") is not None else "")
+        error = f": {e['error']}" if e.get("error") else ""
+        text = f"action {e.get('name')} ({e.get('kind')}) {outcome}{', ' + detail if detail else ''} in {e.get('duration_s', 0):.2f} s{error}"
+    elif kind == "action_skipped":
+        text = f"action {e.get('name')} skipped: {e.get('reason')}"
+    elif kind == "replica_first_seen":
+        first = f", first response {e['latency_ms']:,.0f} ms" if e.get("latency_ms") is not None else ""
+        text = f"new replica {e.get('replica')}{first}"
+    elif kind == "first_after_idle":
+        outcome = f"error {e['error']}" if e.get("error") else f"{e.get('latency_ms', 0):,.0f} ms"
+        text = f"first request after {e.get('idle_gap_s', 0):.1f} s idle: {outcome}"
+    elif kind == "target_ready":
+        text = f"target ready after {e.get('after_s', 0):.2f} s"
+    elif kind == "target_stopped":
+        text = f"target stopped (exit code {e.get('exit_code')})"
+    else:
+        text = f"{kind.replace('_', ' ')}: {e.get('reason', '')}"
+    return f"{at}  {text}"
+
+
 class ProgressDisplay:
     """A context manager whose instances are the `on_progress` callback of `run_scenario`."""
 
@@ -40,6 +68,7 @@ class ProgressDisplay:
         self.enabled = enabled
         self._live: Live | None = None
         self._last_plain = 0.0
+        self._events_printed = 0
 
     def __enter__(self) -> "ProgressDisplay":
         if self.enabled and self.console.is_terminal:
@@ -54,6 +83,11 @@ class ProgressDisplay:
     def __call__(self, p: Progress) -> None:
         if not self.enabled:
             return
+        new = min(p.events_seen - self._events_printed, len(p.recent_events))
+        for event in p.recent_events[len(p.recent_events) - new:] if new > 0 else ():
+            # Text: replica ids and errors come from the target and are not rich markup
+            (self._live.console if self._live is not None else self.console).print(Text(event_line(event), style="cyan"))
+        self._events_printed = p.events_seen
         if self._live is not None:
             self._live.update(self._panel(p))
         elif time.monotonic() - self._last_plain >= PLAIN_EVERY_S:

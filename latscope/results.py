@@ -22,7 +22,7 @@ import threading
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Collection, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Collection, TextIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -100,6 +100,7 @@ class EventLog:
     def __init__(self, path: Path):
         self._f: TextIO = open(path, "a", encoding="utf-8")
         self.t0_ns: int | None = None
+        self.listener: Callable[[dict], None] | None = None  # also gets each event (the live progress display)
         self._lock = threading.Lock()  # telemetry threads emit too (gaps), not only the run loop
 
     def emit(self, event: str, at_ns: int | None = None, **fields: Any) -> None:
@@ -117,6 +118,8 @@ class EventLog:
             if not self._f.closed:
                 self._f.write(json.dumps(record) + "\n")
                 self._f.flush()
+                if self.listener is not None:
+                    self.listener(record)
 
     def close(self) -> None:
         with self._lock:

@@ -18,7 +18,9 @@ import queue as queue_module
 import signal
 import socket
 import sys
+import threading
 import time
+from collections import deque
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +49,10 @@ START_DELAY_S = 0.2  # between "all workers ready" and the first intended send
 READY_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0  # how long stopped workers get to report what they measured
 # summary.json lists these first, in this order, then any other metric (server.<part>, ...) by name.
+# Events the live progress display shows as they happen.
+NOTABLE_EVENTS = {"target_ready", "target_stopped", "action_end", "action_skipped", "replica_first_seen",
+                  "first_after_idle", "abort"}
+RECENT_EVENTS = 8
 METRIC_ORDER = ("latency", "service_time", "send_lag", "ttft", "itl", "tpot", "encode", "network", "decode")
 
 
@@ -64,6 +70,8 @@ class Progress:
     p50_ms: float | None
     p99_ms: float | None
     stopping: str | None
+    recent_events: list[dict]  # the latest notable events (NOTABLE_EVENTS), oldest first
+    events_seen: int  # notable events so far: a display prints the ones it has not printed yet
 
 
 @dataclass
@@ -211,6 +219,18 @@ class _Run:
         self.launched: tuple[int, int] | None = None  # (started, ready) perf_counter_ns of the first launch
         probes, gaps = after_idle(plan)
         self.idle_gaps = dict(zip(probes.tolist(), gaps.tolist()))  # probe request -> idle gap before it (s)
+        self.recent_events: deque[dict] = deque(maxlen=RECENT_EVENTS)
+        self.events_seen = 0
+        self._recent_lock = threading.Lock()
+        events.listener = self._note_event
+
+    def _note_event(self, event: dict) -> None:
+        """Keep the notable ones for the progress display (called under the event log's lock, from
+        the run loop and from action threads)."""
+        if event["event"] in NOTABLE_EVENTS:
+            with self._recent_lock:
+                self.recent_events.append(event)
+                self.events_seen += 1
 
     # -- execution ----------------------------------------------------------------------------
 
@@ -390,6 +410,8 @@ class _Run:
         latency = c.latency_so_far()
         interval = self.scenario.output.interval
         elapsed = self._elapsed_s()
+        with self._recent_lock:
+            recent, seen = list(self.recent_events), self.events_seen
         return Progress(
             elapsed_s=elapsed,
             duration_s=self.plan.duration_s,
@@ -403,6 +425,8 @@ class _Run:
             p50_ms=latency.get("p50_ms"),
             p99_ms=latency.get("p99_ms"),
             stopping=self.abort_reason,
+            recent_events=recent,
+            events_seen=seen,
         )
 
     # -- teardown and results ------------------------------------------------------------------

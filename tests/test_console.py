@@ -1,0 +1,43 @@
+"""The live progress display prints each notable event (actions, new replicas, restarts) once, as text."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from latscope.console import ProgressDisplay, event_line
+from latscope.run import Progress
+
+
+def progress(events: list[dict], seen: int) -> Progress:
+    return Progress(elapsed_s=1.0, duration_s=10.0, phase="p", offered_rps=10.0, achieved_rps=10.0, in_flight=0, sent=10,
+                    completed=10, errors=0, p50_ms=1.0, p99_ms=2.0, stopping=None, recent_events=events, events_seen=seen)
+
+
+def test_event_lines_say_what_happened():
+    assert event_line({"event": "action_end", "t_s": 15.0, "name": "add", "kind": "http", "ok": True, "status": 202,
+                       "duration_s": 0.02}) == "   15.0 s  action add (http) ok, status 202 in 0.02 s"
+    assert event_line({"event": "action_end", "t_s": 5.0, "name": "scale", "kind": "command", "ok": False,
+                       "exit_code": 3, "duration_s": 0.1, "error": "exited with code 3"}) == \
+        "    5.0 s  action scale (command) FAILED, exit code 3 in 0.10 s: exited with code 3"
+    assert event_line({"event": "replica_first_seen", "t_s": 16.5, "replica": "r1-9", "latency_ms": 372.2}) == \
+        "   16.5 s  new replica r1-9, first response 372 ms"
+    assert event_line({"event": "first_after_idle", "t_s": 10.2, "idle_gap_s": 6.05, "latency_ms": 190.0, "error": None}) == \
+        "   10.2 s  first request after 6.0 s idle: 190 ms"
+    assert event_line({"event": "target_ready", "t_s": None, "after_s": 2.4}) == " before t=0  target ready after 2.40 s"
+
+
+def test_each_event_is_printed_once_and_markup_from_a_target_is_shown_as_text():
+    out = io.StringIO()
+    display = ProgressDisplay(Console(file=out, width=200), enabled=True)  # not a terminal: plain lines
+    first = {"event": "replica_first_seen", "t_s": 0.1, "replica": "[bold]r0[/bold]", "latency_ms": 5.0}
+    second = {"event": "action_end", "t_s": 2.0, "name": "a", "kind": "http", "ok": True, "status": 200, "duration_s": 0.01}
+    with display:
+        display(progress([first], 1))
+        display(progress([first], 1))  # nothing new
+        display(progress([first, second], 2))
+    text = out.getvalue()
+    assert text.count("new replica [bold]r0[/bold], first response 5 ms") == 1
+    assert text.count("action a (http) ok, status 200") == 1
+    assert text.index("new replica") < text.index("action a")
