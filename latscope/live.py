@@ -23,6 +23,9 @@ Exported (seconds as base unit; `class` = a workload class of the scenario):
     latscope_window_count{metric, class}                         values in the window (is a p99.9 meaningful?)
     latscope_replica_window_latency_seconds{replica, quantile}   latency per answering replica (X-Replica-Id)
     latscope_window_seconds                                      how much time the window covers now
+    latscope_actions_total{action, kind, outcome}                scenario actions finished, outcome ok or
+                                                                 failed (0 for each until then, so that a
+                                                                 Grafana annotation sees the step to 1)
 
 Counters include warm-up requests (they count what was sent); they carry no class "all" because
 `sum()` gives it, while quantiles cannot be summed, hence the window's class "all". Replica latency
@@ -90,7 +93,9 @@ class LiveMetrics:
     """The live endpoint of one run: `update()` after each complete interval, `close()` at the end."""
 
     def __init__(self, server, thread: threading.Thread, registry: CollectorRegistry, host: str,
-                 *, scenario: str, class_names: Iterable[str], interval_s: float, window_s: float) -> None:
+                 *, scenario: str, class_names: Iterable[str], interval_s: float, window_s: float,
+                 actions: Iterable[tuple[str, str]] = ()) -> None:
+        """`actions`: (name, kind) of the scenario's actions, counted by on_event."""
         self._server, self._thread, self.registry = server, thread, registry
         self.host = host
         self.port: int = server.server_port
@@ -104,6 +109,8 @@ class LiveMetrics:
         self._scheduled = np.zeros(len(self.class_names), np.int64)
         self._scheduled_upto = 0  # plan requests counted into _scheduled so far
         self._quantiles: dict[tuple[str, str], tuple[dict[float, int], int]] = {}
+        self._actions = {(name, kind, outcome): 0 for name, kind in actions for outcome in ("ok", "failed")}
+        self._actions_lock = threading.Lock()  # on_event runs on action threads too
         self._snapshot = _Snapshot()
         registry.register(self._snapshot)
         self._publish()
@@ -143,6 +150,14 @@ class LiveMetrics:
         self._window.append(self._interval_sparse(collector.last_histograms))
         self._quantiles = self._window_quantiles()
         self._publish()
+
+    def on_event(self, event: dict) -> None:
+        """An events.jsonl record (results.EventLog listener): count finished actions. Published
+        with the next interval, like every other value."""
+        if event["event"] == "action_end":
+            key = (str(event.get("name")), str(event.get("kind")), "ok" if event.get("ok") else "failed")
+            with self._actions_lock:
+                self._actions[key] = self._actions.get(key, 0) + 1
 
     def _interval_sparse(self, histograms: dict[str, dict[str, HdrHistogram]]) -> dict[tuple[str, str], Sparse]:
         out: dict[tuple[str, str], Sparse] = {}
@@ -226,6 +241,12 @@ class LiveMetrics:
             if metric != REPLICA_METRIC:
                 count.add_metric([metric, name], n)
         families += [window, count, replica]
+        actions = CounterMetricFamily("latscope_actions", "Scenario actions finished, by outcome (ok or failed)",
+                                      labels=["action", "kind", "outcome"])
+        with self._actions_lock:
+            for (name, kind, outcome), n in sorted(self._actions.items()):
+                actions.add_metric([name, kind, outcome], n)
+        families.append(actions)
         self._snapshot.families = families
 
     def close(self) -> None:
@@ -236,7 +257,8 @@ class LiveMetrics:
 
 
 def start_live_metrics(port: int, host: str = "127.0.0.1", *, scenario: str = "", class_names: Iterable[str] = (),
-                       interval_s: float = 1.0, window_s: float = DEFAULT_WINDOW_S) -> LiveMetrics:
+                       interval_s: float = 1.0, window_s: float = DEFAULT_WINDOW_S,
+                       actions: Iterable[tuple[str, str]] = ()) -> LiveMetrics:
     """Serve the live metrics on host:port (0: a free port, see `.port`). RunError when the port
     cannot be bound, so a taken port stops the run before it starts."""
     registry = CollectorRegistry(auto_describe=False)
@@ -246,4 +268,4 @@ def start_live_metrics(port: int, host: str = "127.0.0.1", *, scenario: str = ""
         raise RunError(f"cannot serve live metrics on {host}:{port} (--metrics-port): "
                        f"{exc.strerror or exc}") from None
     return LiveMetrics(server, thread, registry, host, scenario=scenario, class_names=class_names,
-                       interval_s=interval_s, window_s=window_s)
+                       interval_s=interval_s, window_s=window_s, actions=actions)

@@ -100,7 +100,7 @@ class EventLog:
     def __init__(self, path: Path):
         self._f: TextIO = open(path, "a", encoding="utf-8")
         self.t0_ns: int | None = None
-        self.listener: Callable[[dict], None] | None = None  # also gets each event (the live progress display)
+        self.listeners: list[Callable[[dict], None]] = []  # also get each event (progress display, live metrics)
         self._lock = threading.Lock()  # telemetry threads emit too (gaps), not only the run loop
 
     def emit(self, event: str, at_ns: int | None = None, **fields: Any) -> None:
@@ -118,8 +118,8 @@ class EventLog:
             if not self._f.closed:
                 self._f.write(json.dumps(record) + "\n")
                 self._f.flush()
-                if self.listener is not None:
-                    self.listener(record)
+                for listener in self.listeners:
+                    listener(record)
 
     def close(self) -> None:
         with self._lock:

@@ -140,6 +140,7 @@ def run_scenario(
     run.live = live
     if live is not None:
         live.set_run_dir(str(run_dir))
+        events.listeners.append(live.on_event)
     stop = _StopRequest()
     with _signals_to(stop):
         try:
@@ -178,7 +179,7 @@ def _start_live(scenario: Scenario, plan: Plan, port: int | None, host: str) -> 
     if port is None:
         return None
     live = start_live_metrics(port, host, scenario=scenario.name, class_names=plan.class_names,
-                              interval_s=scenario.output.interval)
+                              interval_s=scenario.output.interval, actions=[(a.name, a.kind) for a in scenario.actions])
     print(f"live metrics: {live.url}", file=sys.stderr, flush=True)
     return live
 
@@ -222,7 +223,7 @@ class _Run:
         self.recent_events: deque[dict] = deque(maxlen=RECENT_EVENTS)
         self.events_seen = 0
         self._recent_lock = threading.Lock()
-        events.listener = self._note_event
+        events.listeners.append(self._note_event)
 
     def _note_event(self, event: dict) -> None:
         """Keep the notable ones for the progress display (called under the event log's lock, from

@@ -53,18 +53,22 @@ def panels(dashboard: dict) -> list[dict]:
     return out
 
 
-def queries(dashboard: dict) -> list[tuple[str, str]]:
-    """(panel title, PromQL) of every target, Grafana variables substituted as Grafana would."""
+def queries(dashboard: dict, annotations: bool = False) -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every target — or (annotation name, PromQL) of every annotation query
+    (which Grafana runs as a range query over the dashboard's time range) — with Grafana variables
+    substituted as Grafana would."""
     all_value = {v["name"]: v.get("allValue") or ".*" for v in dashboard.get("templating", {}).get("list", ())}
+    if annotations:
+        found = [(a["name"], a["expr"]) for a in dashboard.get("annotations", {}).get("list", ()) if a.get("expr")]
+    else:
+        found = [(panel["title"], target["expr"]) for panel in panels(dashboard) for target in panel.get("targets", ())]
     out = []
-    for panel in panels(dashboard):
-        for target in panel.get("targets", ()):
-            expr = target["expr"]
-            for name, value in GRAFANA_VARIABLES.items():
-                expr = expr.replace(name, value)
-            for name, value in all_value.items():
-                expr = re.sub(rf"\$\{{{name}(:[a-z]+)?\}}|\${name}\b", value, expr)
-            out.append((panel["title"], expr))
+    for title, expr in found:
+        for name, value in GRAFANA_VARIABLES.items():
+            expr = expr.replace(name, value)
+        for name, value in all_value.items():
+            expr = re.sub(rf"\$\{{{name}(:[a-z]+)?\}}|\${name}\b", value, expr)
+        out.append((title, expr))
     return out
 
 
@@ -89,7 +93,9 @@ def test_dashboard_is_importable_shaped(path: Path):
     for variable in dashboard["templating"]["list"]:
         assert variable["datasource"]["uid"] == "${DS_PROMETHEUS}", variable["name"]
     # no variable is used that the dashboard does not define (Grafana would leave it in the query)
-    used = {m for _, e in queries(dashboard) for m in re.findall(r"\$\{?(\w+)", e)}
+    for annotation in dashboard["annotations"]["list"]:
+        assert annotation["datasource"] == {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}, annotation["name"]
+    used = {m for _, e in queries(dashboard) + queries(dashboard, annotations=True) for m in re.findall(r"\$\{?(\w+)", e)}
     assert not used, f"undefined variables {used}"
 
 
@@ -150,6 +156,9 @@ def _scenario(tmp_path: Path, url: str) -> Path:
             {"name": "warmup", "duration": 2, "warmup": True, "arrival": {"type": "constant", "rate": 10}},
             {"name": "steady", "duration": 10, "arrival": {"type": "poisson", "rate": 40}},
         ],
+        # for the dashboard's action annotation: one action that succeeds, one that fails
+        "actions": [{"name": "ping", "at": 3, "http": {"url": f"{url}/v2/health/ready"}},
+                    {"name": "broken", "at": 4, "command": "python -c 'raise SystemExit(3)'"}],
         "output": {"dir": str(tmp_path / "results")},
     }
     path = tmp_path / "scenario.yaml"
@@ -201,6 +210,14 @@ def test_every_dashboard_query_returns_data_from_a_live_run(tmp_path, cache, log
                 if not answer["data"]["result"]:
                     empty.append(f"{dashboard}: panel {title!r}: {expr}")
             assert not empty, "queries without data:\n" + "\n".join(empty)
+            started = at - elapsed()  # the run's t = 0, as Prometheus saw it
+            for dashboard in DASHBOARDS:
+                for name, expr in queries(json.loads(dashboard.read_text()), annotations=True):
+                    answer = _get_json(f"{prom_api}/api/v1/query_range?" + urllib.parse.urlencode(
+                        {"query": expr, "start": started, "end": at, "step": 1}))
+                    assert answer["status"] == "success", f"{dashboard.name}: annotation {name!r}: {expr}: {answer}"
+                    marks = {(r["metric"]["action"], r["metric"]["outcome"]) for r in answer["data"]["result"]}
+                    assert marks == {("ping", "ok"), ("broken", "failed")}, f"{dashboard.name}: annotation {name!r}: {marks}"
             # and the numbers are latscope's: the live phase and classes are the scenario's
             phase = _get_json(f"{prom_api}/api/v1/query?" + urllib.parse.urlencode({"query": "latscope_phase_info", "time": at}))
             assert [r["metric"]["phase"] for r in phase["data"]["result"]] == ["steady"]
