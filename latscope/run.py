@@ -508,7 +508,7 @@ class _Run:
                 "workers": self.workers,
                 "interval_s": self.scenario.output.interval,
                 "clamped_values": dict(c.clamped) if c else {},
-                "target_ready_after_s": round(self.target.ready_after_s, 4) if self.target else None,
+                "target_ready_after_s": round((self.launched[1] - self.launched[0]) / 1e9, 4) if self.launched else None,
                 # the launched target's start and readiness on the run's clock (negative: before t=0)
                 "target_launched_at_s": self._run_clock(self.launched and self.launched[0]),
                 "target_ready_at_s": self._run_clock(self.launched and self.launched[1]),
