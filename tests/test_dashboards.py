@@ -156,9 +156,12 @@ def _scenario(tmp_path: Path, url: str) -> Path:
             {"name": "warmup", "duration": 2, "warmup": True, "arrival": {"type": "constant", "rate": 10}},
             {"name": "steady", "duration": 10, "arrival": {"type": "poisson", "rate": 40}},
         ],
-        # for the dashboard's action annotation: one action that succeeds, one that fails
-        "actions": [{"name": "ping", "at": 3, "http": {"url": f"{url}/v2/health/ready"}},
-                    {"name": "broken", "at": 4, "command": "python -c 'raise SystemExit(3)'"}],
+        # for the dashboard's action annotation: one action that succeeds, one that fails. Late enough
+        # that Prometheus has scraped the live endpoint before (an annotation marks the counter's step
+        # from 0 to 1, which a first scrape after the action would not see), early enough to be
+        # published before the queries at 9 s.
+        "actions": [{"name": "ping", "at": 6, "http": {"url": f"{url}/v2/health/ready"}},
+                    {"name": "broken", "at": 7, "command": "python -c 'raise SystemExit(3)'"}],
         "output": {"dir": str(tmp_path / "results")},
     }
     path = tmp_path / "scenario.yaml"
@@ -189,10 +192,11 @@ def test_every_dashboard_query_returns_data_from_a_live_run(tmp_path, cache, log
             prom = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                                      f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
                                     stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("wb"))
+            # Prometheus first: it then scrapes the live endpoint from its first second on
+            _wait(lambda: urllib.request.urlopen(f"{prom_api}/-/ready", timeout=2).status == 200, 30, "Prometheus ready", prom)
             run = subprocess.Popen([sys.executable, "-m", "latscope.cli", "run", str(_scenario(tmp_path, server.url)),
                                     "--quiet", "--workers", "1", "--metrics-port", str(live_port), "--out", str(tmp_path / "run")],
                                    cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            _wait(lambda: urllib.request.urlopen(f"{prom_api}/-/ready", timeout=2).status == 200, 30, "Prometheus ready", prom)
 
             def elapsed() -> float:  # latscope's own elapsed time, as Prometheus last scraped it
                 result = _get_json(f"{prom_api}/api/v1/query?query=latscope_run_elapsed_seconds")["data"]["result"]
@@ -210,7 +214,7 @@ def test_every_dashboard_query_returns_data_from_a_live_run(tmp_path, cache, log
                 if not answer["data"]["result"]:
                     empty.append(f"{dashboard}: panel {title!r}: {expr}")
             assert not empty, "queries without data:\n" + "\n".join(empty)
-            started = at - elapsed()  # the run's t = 0, as Prometheus saw it
+            started = at - elapsed() - 5  # before the run's t = 0, as Prometheus saw it
             for dashboard in DASHBOARDS:
                 for name, expr in queries(json.loads(dashboard.read_text()), annotations=True):
                     answer = _get_json(f"{prom_api}/api/v1/query_range?" + urllib.parse.urlencode(
