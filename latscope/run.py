@@ -218,6 +218,7 @@ class _Run:
         self.telemetry: Telemetry | None = None
         self.live: LiveMetrics | None = None  # set by run_scenario when --metrics-port is given
         self.launched: tuple[int, int] | None = None  # (started, ready) perf_counter_ns of the first launch
+        self._launch_logged = False
         probes, gaps = after_idle(plan)
         self.idle_gaps = dict(zip(probes.tolist(), gaps.tolist()))  # probe request -> idle gap before it (s)
         self.recent_events: deque[dict] = deque(maxlen=RECENT_EVENTS)
@@ -239,7 +240,6 @@ class _Run:
         scenario = self.scenario
         self.telemetry = Telemetry.from_config(scenario.telemetry, self.events, scenario.output.interval)
         if scenario.target.launch is not None:
-            self.events.emit("target_launch")
             self.target = start_target(
                 scenario.target.launch,
                 scenario.resolve_path(scenario.target.launch.cwd or "."),
@@ -247,7 +247,6 @@ class _Run:
                 should_stop=lambda: stop.reason is not None,
             )
             self.launched = (self.target.started_ns, self.target.ready_ns)  # a restart action replaces self.target
-            self.events.emit("target_ready", after_s=round(self.target.ready_after_s, 4))
 
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()
@@ -271,6 +270,7 @@ class _Run:
         self.t0_wall = time.time() + START_DELAY_S
         t0_value.value = self.t0_ns
         self.events.t0_ns = self.t0_ns
+        self._log_launch()  # now on the run's clock: before t = 0
         if scenario.actions:
             self.actions = ActionRunner(scenario, self.plan, self.events, self, cancelled=lambda: self.abort_reason is not None)
             self.actions.start(self.t0_ns)
@@ -356,6 +356,16 @@ class _Run:
             self._abort(f"worker {message['worker']} failed")
             self.done[message["worker"]] = {}
 
+    def _log_launch(self) -> None:
+        """target_launch and target_ready of the first launch, once: logged when t = 0 is known, so
+        that they get their (negative) times on the run's clock, or at the end of a run that never
+        got that far (t_s null)."""
+        if self.launched is not None and not self._launch_logged:
+            self._launch_logged = True
+            started, ready = self.launched
+            self.events.emit("target_launch", at_ns=started)
+            self.events.emit("target_ready", at_ns=ready, after_s=round((ready - started) / 1e9, 4))
+
     def _emit_firsts(self) -> None:
         """Events for the cold-start analysis, as the collector found them: the run's first
         successful response, each replica's first response, each request after an idle stretch."""
@@ -435,6 +445,7 @@ class _Run:
     def close(self) -> None:
         """Stop telemetry, workers and target; finish the interval log and telemetry.parquet. Runs
         whatever happened before."""
+        self._log_launch()  # when the run ended before t = 0
         if self.actions is not None:  # first: no action (a restart) may start while the run is torn down
             self.actions.stop(self.abort_reason or "the run ended before the action's time")
         if self.telemetry is not None:

@@ -174,8 +174,13 @@ def test_launched_target_is_started_and_stopped(tmp_path):
     s = result.summary
     assert s["requests"]["completed"] == 20
     assert s["generator"]["target_ready_after_s"] > 0
-    names = [e["event"] for e in read_events(result.run_dir)]
+    events = read_events(result.run_dir)
+    names = [e["event"] for e in events]
     assert names.index("target_launch") < names.index("target_ready") < names.index("run_start")
+    # on the run's clock: before t = 0, ready after the time the summary gives
+    launch, ready = events[names.index("target_launch")], events[names.index("target_ready")]
+    assert launch["t_s"] < ready["t_s"] < 0 and launch["t_s"] == s["generator"]["target_launched_at_s"]
+    assert ready["t_s"] - launch["t_s"] == pytest.approx(s["generator"]["target_ready_after_s"], abs=2e-4)
     assert "target_stopped" in names
     assert _port_is_free(port), "the launched target must be stopped after the run"
 

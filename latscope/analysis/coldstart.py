@@ -208,7 +208,7 @@ def cold_start_summary(run: RunData, first_n: int = FIRST_N) -> dict:
       answered) -> first successful response -> latency back within STEADY_BAND of steady state,
       all in seconds since the process started; None when the scenario launched nothing.
     - "restarts": each restart of the launched target by an action: action issued -> ready again ->
-      the first requests after it vs the steady state.
+      the first requests after it vs the steady state (ready_at_s None: the target did not come back).
     - "scale_up": each replica first seen (X-Replica-Id) after an action: action issued -> replica
       first seen (its first response ended; first_sent_s: that request's intended send) -> its very
       first response and its first N requests vs its own steady state -> time until its latency is
@@ -267,22 +267,26 @@ def _target_launch(run: RunData, starts: list[dict]) -> dict | None:
 
 
 def _restarts(run: RunData, actions: list[dict], first_n: int) -> list[dict]:
-    readies = [e for e in run.events if e.get("event") == "target_ready" and e.get("t_s") is not None]
-    if not readies:
+    """Each restart action with the target_ready that followed it (None: the target did not come back)."""
+    restarts = [a for a in actions if a.get("kind") == "restart"]
+    if not restarts:
         return []
+    readies = [e for e in run.events if e.get("event") == "target_ready" and e.get("t_s") is not None]
     latency = metric_intervals(run, "latency").get("all")
     out = []
-    for i, ready in enumerate(readies):
-        action = _event_before([a for a in actions if a.get("kind") == "restart"], ready["t_s"])
-        end = readies[i + 1]["t_s"] if i + 1 < len(readies) else math.inf
-        entry = _analyse(latency, ready["t_s"], end, first_n) if latency is not None and len(latency) else None
-        issued = None if action is None else action["t_s"]
+    for i, action in enumerate(restarts):
+        issued = action["t_s"]
+        until = restarts[i + 1]["t_s"] if i + 1 < len(restarts) else math.inf
+        ready = next((e for e in readies if issued <= e["t_s"] < until), None)
+        entry = None
+        if ready is not None and latency is not None and len(latency):
+            entry = _analyse(latency, ready["t_s"], until, first_n)
         out.append({
-            "action": None if action is None else action.get("name"),
+            "action": action.get("name"),
             "issued_at_s": issued,
-            "ready_at_s": ready["t_s"],
-            "down_s": None if issued is None else round(ready["t_s"] - issued, 6),
-            "errors_while_down": _errors_between(run, issued if issued is not None else ready["t_s"], ready["t_s"]),
+            "ready_at_s": None if ready is None else ready["t_s"],
+            "down_s": None if ready is None else round(ready["t_s"] - issued, 6),
+            "errors_while_down": _errors_between(run, issued, until if ready is None else ready["t_s"]),
             **_verdict(entry),
         })
     return out
@@ -391,7 +395,8 @@ def capacity_events(cold: dict | None) -> list[dict]:
         add("launch", "target", launch.get("launched_at_s"), 0.0, launch, launch.get("first_response_latency_ms"))
         out[-1].update({k: launch.get(k) for k in ("ready_s", "first_response_s", "steady_s")})
     for r in cold.get("restarts", []):
-        add("restart", r.get("action"), r.get("issued_at_s"), r["ready_at_s"], r, None)
+        if r.get("ready_at_s") is not None:  # a target that never came back has no latency to show
+            add("restart", r.get("action"), r.get("issued_at_s"), r["ready_at_s"], r, None)
     for u in cold.get("scale_up", []):
         add("scale_up", u.get("replica"), u.get("issued_at_s"), u.get("first_sent_s", u["first_seen_s"]), u, u.get("first_latency_ms"),
             "replica_latency", u.get("class") or u.get("replica"))
