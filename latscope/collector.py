@@ -44,7 +44,8 @@ class Collector:
         self.completed_intervals = 0
         self.last_in_flight = 0
         self.last_interval: dict[str, int] = {}  # counters of the latest complete interval, all classes
-        # merged histograms of the latest complete interval, metric -> class -> histogram, warm-up included
+        # merged histograms of the latest complete interval, metric -> class -> histogram, warm-up
+        # included, with "all" as written to the interval log (none for replica_latency)
         self.last_histograms: dict[str, dict[str, HdrHistogram]] = {}
         # replica id -> (perf_counter_ns, latency µs; None for an error) of its first response
         self.replicas: dict[str, tuple[int, int | None]] = {}
@@ -106,7 +107,6 @@ class Collector:
             self.replicas[replica] = first
             self.new_replicas.append((replica, *first))
         self.last_in_flight = sum(r["in_flight"] for r in reports)
-        self.last_histograms = interval
         self._write(k, interval, counts)
 
     def _write(self, k: int, interval: dict, counts: dict) -> None:
@@ -122,11 +122,13 @@ class Collector:
         scheduled[ALL] = sum(scheduled.values())
         self.last_interval = {"scheduled": scheduled[ALL], **{n: int(per_class[ALL][i]) for i, n in enumerate(COUNTERS)}}
         interval.setdefault("latency", {})  # one latency row per class even when nothing completed
+        self.last_histograms = {}
         for metric, by_class in interval.items():
             if metric == REPLICA_METRIC:  # classes are replica ids; their "all" would repeat latency's
                 classes, names = by_class, sorted(by_class)
             else:
                 classes, names = (with_all(by_class) if by_class else {}), (*self.plan.class_names, ALL)
+            self.last_histograms[metric] = classes
             for name in names:
                 if metric != "latency" and name not in classes:
                     continue

@@ -52,22 +52,14 @@ from prometheus_client.registry import Collector as PrometheusCollector
 from latscope.engine import COUNTERS, ERROR_INDEX, REPLICA_METRIC
 from latscope.errors import RunError
 from latscope.records import ERROR_KINDS
-from latscope.recorder import from_sparse, values_at
+from latscope.recorder import Sparse, from_sparse, to_sparse, values_at
 
 if TYPE_CHECKING:
     from latscope.collector import Collector
 
 QUANTILES = (0.5, 0.99, 0.999)
 DEFAULT_WINDOW_S = 10.0
-ALL = "all"
 
-Sparse = tuple[np.ndarray, np.ndarray]  # (counts-array indices, counts), as recorder.from_sparse takes them
-
-
-def _sparse(h: HdrHistogram) -> Sparse:
-    counts = np.ctypeslib.as_array(h.counts)
-    nz = np.flatnonzero(counts)
-    return nz, counts[nz].copy()
 
 
 class _Snapshot(PrometheusCollector):
@@ -161,17 +153,11 @@ class LiveMetrics:
 
     def _interval_sparse(self, histograms: dict[str, dict[str, HdrHistogram]]) -> dict[tuple[str, str], Sparse]:
         out: dict[tuple[str, str], Sparse] = {}
-        for metric, by_class in histograms.items():
+        for metric, by_class in histograms.items():  # "all" included: the collector merged it
             for name, h in by_class.items():
-                sparse = _sparse(h)
+                sparse = to_sparse(h)
                 if len(sparse[0]):
                     out[(metric, name)] = sparse
-            # class "all": the lossless sum of the classes (as collector.with_all; a metric recorded
-            # only under "all", like loop_lag, is kept as is; replica ids are no workload classes)
-            if metric != REPLICA_METRIC and ALL not in by_class:
-                parts = [out[(metric, name)] for name in by_class if (metric, name) in out]
-                if parts:
-                    out[(metric, ALL)] = (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
         return out
 
     def _window_quantiles(self) -> dict[tuple[str, str], tuple[dict[float, int], int]]:

@@ -150,6 +150,13 @@ def from_sparse(indices: np.ndarray, counts: np.ndarray) -> HdrHistogram:
     return h
 
 
+def to_sparse(h: HdrHistogram) -> Sparse:
+    """The histogram's non-zero counters as (indices, counts): from_sparse's inverse."""
+    counts = _counts(h)
+    nz = np.flatnonzero(counts)
+    return nz.astype(np.int32), counts[nz].copy()
+
+
 def _counts(h: HdrHistogram) -> np.ndarray:
     """Zero-copy numpy view of the histogram's counters."""
     return np.ctypeslib.as_array(h.counts)
