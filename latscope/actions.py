@@ -32,7 +32,7 @@ from typing import Any, Callable, Protocol
 
 from latscope import results
 from latscope.errors import RunError
-from latscope.launch import LaunchedTarget, command_argv, start_target, stop_target
+from latscope.launch import LaunchedTarget, command_argv, start_target, stop_group, stop_target
 from latscope.plan import Plan
 from latscope.scenario import Action, Scenario
 
@@ -168,7 +168,7 @@ class ActionRunner:
         try:
             out, _ = proc.communicate(timeout=action.timeout)
         except subprocess.TimeoutExpired:
-            _kill_group(proc)
+            stop_group(proc, KILL_GRACE_S)
             error = f"timed out after {action.timeout:g} s; killed"
             try:
                 out, _ = proc.communicate(timeout=KILL_GRACE_S)
@@ -290,12 +290,3 @@ def _signal_group(proc: subprocess.Popen, sig: signal.Signals) -> None:
         except (ProcessLookupError, PermissionError):
             pass
 
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the command's process group, SIGKILL it if it is still there after KILL_GRACE_S."""
-    _signal_group(proc, signal.SIGTERM)
-    try:
-        proc.wait(timeout=KILL_GRACE_S)
-    except subprocess.TimeoutExpired:
-        _signal_group(proc, signal.SIGKILL)
-        proc.wait(timeout=KILL_GRACE_S)

@@ -110,13 +110,19 @@ def start_target(launch: Launch, cwd: Path, log_path: Path, should_stop: Callabl
 
 def stop_target(target: LaunchedTarget) -> None:
     """SIGTERM the target's process group, SIGKILL it if it is still there after a grace period."""
-    if target.process.poll() is not None:
+    stop_group(target.process, STOP_GRACE_S)
+
+
+def stop_group(process: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM the process group of `process` (started with start_new_session), SIGKILL it if
+    `process` is still there after `grace_s`; returns once it has exited."""
+    if process.poll() is not None:
         return
     try:
-        os.killpg(target.process.pid, signal.SIGTERM)
-        target.process.wait(timeout=STOP_GRACE_S)
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
-        os.killpg(target.process.pid, signal.SIGKILL)
-        target.process.wait()
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
     except ProcessLookupError:
         pass
