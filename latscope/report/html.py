@@ -195,8 +195,9 @@ def generator_lags(run: RunData) -> tuple:
 
 
 def cold_start_data(run: RunData) -> tuple[list[dict], dict, list[dict]]:
-    """(capacity events, their latency series by (metric, class), every start) for the cold-start panel."""
-    cold = coldstart.cold_start_summary(run)
+    """(capacity events, their latency series by (metric, class), every start) for the cold-start panel:
+    from summary.json's cold_start, which the run analysed already, or analysed now for a run without one."""
+    cold = run.summary.get("cold_start") or coldstart.cold_start_summary(run)
     events = coldstart.capacity_events(cold)
     series = {(e["metric"], e["class"]): percentiles.interval_percentiles(run, e["metric"], e["class"]) for e in events}
     return events, series, cold["starts"]
