@@ -51,6 +51,7 @@ import math
 
 import numpy as np
 
+from latscope.analysis.percentiles import interval_percentiles
 from latscope.analysis.run_data import ClassIntervals, RunData, metric_intervals
 from latscope.engine import OTHER_REPLICAS, REPLICA_METRIC, replica_class
 from latscope.recorder import summarize
@@ -294,12 +295,9 @@ def _restarts(run: RunData, actions: list[dict], first_n: int) -> list[dict]:
 
 def _errors_between(run: RunData, start_s: float, end_s: float) -> int:
     """Errors (all classes) in the intervals that overlap [start_s, end_s]."""
-    ts = run.timeseries
-    if not len(ts) or "errors" not in ts:
-        return 0
-    rows = ts[(ts["metric"] == "latency") & (ts["class"] == "all")]
-    overlap = (rows["interval_start_s"] + rows["interval_s"] > start_s) & (rows["interval_start_s"] <= end_s)
-    return int(rows.loc[overlap, "errors"].sum())
+    rows = interval_percentiles(run, "latency", "all")
+    overlap = (rows["t_s"] + run.interval_s > start_s) & (rows["t_s"] <= end_s)
+    return int(rows.loc[overlap, "errors"].fillna(0).sum())
 
 
 def _scale_ups(run: RunData, starts: list[dict], actions: list[dict]) -> list[dict]:
