@@ -516,15 +516,19 @@ def _cold_title(e: dict) -> str:
     return esc(coldstart.title(e))
 
 
+def _run_cell(run: str, compare: bool) -> str:
+    """A table row's first cell naming its run, on a compare page only."""
+    return f"<td><b>{run}</b></td>" if compare else ""
+
+
 def _cold_table(entries: list[tuple[str, dict]], compare: bool) -> str:
-    run_cell = (lambda run: f"<td><b>{run}</b></td>") if compare else (lambda run: "")
     rows = []
     for run, e in entries:
         worst = e.get("first_latency_ms")
         ratio = (worst / e["steady_p50_ms"]) if worst is not None and e.get("steady_p50_ms") else None
         cold = {True: "yes", False: "no", None: "–"}[e.get("cold")]
         rows.append(
-            f"<tr class=\"{'bad' if e.get('cold') else ''}\">{run_cell(run)}<td>{_cold_title(e)}</td>"
+            f"<tr class=\"{'bad' if e.get('cold') else ''}\">{_run_cell(run, compare)}<td>{_cold_title(e)}</td>"
             f"<td class=n>{_num(e['at_s'] - e['cause_at_s'], '.2f')}</td>"
             f"<td class=n>{_num(worst, ',.1f')}</td><td class=n>{_num(e.get('first_max_ms'), ',.1f')}</td>"
             f"<td class=n>{_num(e.get('steady_p50_ms'), ',.1f')}</td><td class=n>{_num(ratio, ',.1f')}{'×' if ratio is not None else ''}</td>"
@@ -537,9 +541,8 @@ def _cold_table(entries: list[tuple[str, dict]], compare: bool) -> str:
 
 
 def _starts_table(starts: list[tuple[str, dict]], compare: bool) -> str:
-    run_cell = (lambda run: f"<td><b>{run}</b></td>") if compare else (lambda run: "")
     rows = "".join(
-        f"<tr class=\"{'bad' if c.get('cold') else ''}\">{run_cell(run)}<td>{_start_label(c)}{' (warm-up)' if c.get('warmup') else ''}</td>"
+        f"<tr class=\"{'bad' if c.get('cold') else ''}\">{_run_cell(run, compare)}<td>{_start_label(c)}{' (warm-up)' if c.get('warmup') else ''}</td>"
         f"<td class=n>{c.get('first_count', 0):,}</td><td class=n>{_num(c.get('first_p50_ms'))}</td><td class=n>{_num(c.get('first_max_ms'))}</td>"
         f"<td class=n>{_num(c.get('steady_p50_ms'))}</td><td class=n>{_num(c.get('slowdown_p50'), '.2f')}{'×' if c.get('slowdown_p50') is not None else ''}</td>"
         f"<td class=n>{_num(c.get('time_to_steady_s'), '.1f', 'never')}</td><td>{'yes (' + c['cold_by'] + ')' if c.get('cold') and c.get('cold_by') else 'yes' if c.get('cold') else 'no'}</td></tr>"
@@ -560,12 +563,13 @@ def coldstart_panel(events: list[dict], series: dict[tuple[str, str], pd.DataFra
     on a clock that starts at its cause (the scale action, the launch, the idle stretch's start)."""
     compare = base_events is not None
     panel = Panel("coldstart", "Cold starts: how long users suffered, and how badly" + (", base vs new" if compare else ""))
-    runs = [("base", base_events or [], base_series or {}), ("new", events, series)] if compare else [("", events, series)]
-    entries = [(run, e) for run, evs, _ in runs for e in evs]
-    all_starts = [(run, c) for run, chosen in ((("base", base_starts or []), ("new", starts)) if compare else (("", starts),)) for c in chosen]
+    runs = ([("base", base_events or [], base_series or {}, base_starts or []), ("new", events, series, starts)]
+            if compare else [("", events, series, starts)])
+    entries = [(run, e) for run, evs, _, _ in runs for e in evs]
+    all_starts = [(run, c) for run, _, _, chosen in runs for c in chosen]
     if not entries:
         panel.note = ("No capacity change to measure: the scenario launched no target, ran no scale action and had no idle "
-                      "stretch (see scenarios/scale_up.yaml and scenarios/cold_start.yaml)." + ("" if compare else ""))
+                      "stretch (see scenarios/scale_up.yaml and scenarios/cold_start.yaml).")
         panel.html = _starts_table(all_starts, compare) if all_starts else ""
         return panel
     panel.lead = "<ul class=\"cold\">" + "".join(
@@ -573,7 +577,7 @@ def coldstart_panel(events: list[dict], series: dict[tuple[str, str], pd.DataFra
         for run, e in entries) + "</ul>"
     # one subplot per change; in a comparison the n-th of a kind in each run share one
     groups: dict[tuple[str, int], dict[str, dict]] = {}
-    for run, evs, _ in runs:
+    for run, evs, _, _ in runs:
         seen: dict[str, int] = {}
         for e in evs:
             n = seen[e["kind"]] = seen.get(e["kind"], -1) + 1
@@ -583,7 +587,7 @@ def coldstart_panel(events: list[dict], series: dict[tuple[str, str], pd.DataFra
     rows = math.ceil(len(keys) / cols)
     titles = [_cold_title(groups[k].get("new") or groups[k].get("") or groups[k]["base"]) for k in keys]
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.07, vertical_spacing=0.18)
-    frames = dict((run, frs) for run, _, frs in runs)
+    frames = {run: frs for run, _, frs, _ in runs}
     values = []
     for i, key in enumerate(keys):
         row, col = i // cols + 1, i % cols + 1
