@@ -26,12 +26,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from reference_server.config import MAX_REPLICAS
+from reference_server.errors import StartupError
 from reference_server.metrics import PREFIX
 
 if TYPE_CHECKING:
     from aiohttp.typedefs import Handler
 
-    from reference_server.replicas import Supervisor
+    from reference_server.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +79,6 @@ def _auth(token: str):
 
 
 def make_app(supervisor: Supervisor, token: str) -> web.Application:
-    from reference_server.replicas import MAX_REPLICAS
-
     registry = CollectorRegistry()
     registry.register(_SupervisorCollector(supervisor))
 
@@ -125,8 +125,6 @@ def make_app(supervisor: Supervisor, token: str) -> web.Application:
 
 async def start(supervisor: Supervisor, host: str, port: int, token: str) -> tuple[web.AppRunner, str]:
     """Serve the admin API on (host, port); port 0 picks a free one. Returns the runner and the URL."""
-    from reference_server.server import StartupError
-
     runner = web.AppRunner(make_app(supervisor, token), handle_signals=False, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import click
 
-from reference_server.backend import BACKENDS
+from reference_server.backends import BACKENDS
+from reference_server.config import MAX_REPLICAS, ServerConfig
+from reference_server.errors import StartupError
 from reference_server.model import DEFAULT_CACHE
-from reference_server.replicas import MAX_REPLICAS, replica_main, supervise
-from reference_server.server import ServerConfig, StartupError
+from reference_server.supervisor import replica_main, supervise
 
 
 def _option(*decls: str, env: str | None = None, **kwargs):

@@ -92,7 +92,7 @@ class Metrics:
         self.in_flight = Gauge(f"{PREFIX}_in_flight_requests", "HTTP requests being handled", registry=r)
         self.model_load_seconds = Gauge(f"{PREFIX}_model_load_seconds", "Time to load the model into its backend",
                                         ["model", "backend"], registry=r)
-        # Cold starts (replicas.py): how and when the model got loaded, warmed up, unloaded; when this replica was ready.
+        # Cold starts (lifecycle.py): how and when the model got loaded, warmed up, unloaded; when this replica was ready.
         self.model_loads = Counter(f"{PREFIX}_model_loads", "Model loads by reason: prewarm (before taking traffic), "
                                    "first_request (lazy, --no-prewarm), idle_reload (after an --idle-unload)",
                                    ["model", "reason"], registry=r)

@@ -31,15 +31,16 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from reference_server.backend import OnnxRuntimeBackend
+from reference_server.backends.onnxruntime import OnnxRuntimeBackend
 from reference_server.batcher import Overloaded
 from reference_server.decoder import DecoderConfig, cached_decoder
+from reference_server.errors import StartupError
 from reference_server.generation import ContextTooLong, Generation, GenerationFailed, Generator, Token, warm_up
 from reference_server.http_server import REPLICA_ID
 from reference_server.metrics import Metrics
 
 if TYPE_CHECKING:
-    from reference_server.server import ServerConfig
+    from reference_server.config import ServerConfig
 
 log = logging.getLogger(__name__)
 
@@ -361,8 +362,6 @@ def add_routes(app: web.Application, routes: OpenAIRoutes) -> None:
 def mount_generator(app: web.Application, config: ServerConfig, metrics: Metrics) -> Generator | None:
     """With --generator (the default): build or reuse the decoder, load and warm it up on ONNX Runtime, add the
     /v1 routes to `app` (before it starts) and return the generator for the caller to start() and stop()."""
-    from reference_server.server import StartupError  # here: server.py imports this module
-
     if not config.generator:
         log.info("generator: off (--no-generator); no /v1 routes")
         return None

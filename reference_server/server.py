@@ -5,6 +5,11 @@ Startup logs one line per fact (model, backend and why, batching, address) and p
 the gRPC front end is on; it starts first, so it already accepts connections by then). SIGTERM or
 SIGINT stops accepting, lets in-flight requests finish, stops the inference thread and returns (exit
 status 0).
+
+Its parts live beside it: what it is given is config.py (ServerConfig, and resolve_model for the ONNX
+file), the backend choice backends/, the model's lifecycle (prewarm, lazy load, idle unload) lifecycle.py,
+and running it as one of several replica processes supervisor.py (which imports this module, never the
+other way round: the replica's side of that protocol, ReplicaRole, is in lifecycle.py).
 """
 
 from __future__ import annotations
@@ -14,79 +19,24 @@ import logging
 import signal
 import socket
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
 
-from reference_server.backend import Backend, BackendUnavailable, choose_backend
+from reference_server.backends import choose_backend
+from reference_server.backends.base import Backend, BackendUnavailable
 from reference_server.batcher import Batcher
+from reference_server.config import ServerConfig, resolve_model
+from reference_server.errors import StartupError
 from reference_server.grpc_server import bind_grpc
 from reference_server.http_server import ServedModel, make_app
+from reference_server.lifecycle import ReplicaRole, managed_model
 from reference_server.metrics import Metrics
-from reference_server.model import DEFAULT_CACHE, EncoderConfig, IdentityConfig, cached_encoder, cached_identity
 from reference_server.openai_api import mount_generator
-from reference_server.replicas import ReplicaRole, managed_model
 
 log = logging.getLogger(__name__)
 
 SHUTDOWN_TIMEOUT_S = 30.0  # in-flight requests still running after this are cancelled
-
-
-class StartupError(Exception):
-    """The server cannot start as configured; the message names the flag or file to fix."""
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    host: str = "127.0.0.1"
-    http_port: int = 8000
-    grpc_port: int | None = None  # None: 8001, or no gRPC (warning) when taken; 0: any free port; -1: no gRPC
-    model: Path | None = None  # None: the built-in encoder
-    model_name: str = "encoder"
-    backend: str = "auto"
-    max_batch_size: int = 32
-    max_queue_delay_us: int = 2000
-    max_queue: int = 256
-    max_body_bytes: int = 16 * 1024 * 1024
-    threads: int | None = None  # None: one per CPU core
-    builtin: str = "encoder"  # the built-in model when `model` is None: "encoder" or "identity"
-    layers: int | None = None  # None: the encoder's default; only for the built-in model
-    extra_latency_ms: float = 0.0
-    cache_dir: Path = DEFAULT_CACHE  # where the built-in model is cached
-    # Replicas and cold starts (replicas.py, admin.py).
-    replicas: int = 1  # replica processes sharing the port(s) with SO_REUSEPORT
-    admin_port: int = 8002  # the supervisor's admin API; 0 = any free port
-    admin_token: str | None = field(default=None, repr=False)  # None: admin API off
-    prewarm: bool = True  # load + warm up before accepting traffic; False: load on the first request
-    idle_unload: float | None = None  # seconds without a request before the model is unloaded
-    # Text generation (openai_api.py, generation.py): the built-in decoder on the OpenAI-compatible /v1 routes.
-    generator: bool = True
-    generator_name: str = "decoder"
-    decoder_layers: int | None = None  # None: the decoder's default
-    max_sequences: int = 64  # sequences decoded together; more wait (up to max_queue, then 429)
-    max_tokens_limit: int = 512  # largest max_tokens a request may ask for
-
-
-def resolve_model(config: ServerConfig) -> Path:
-    """The ONNX file to serve: the user's, or the built-in encoder from the cache (built on a miss)."""
-    if config.model is not None:
-        if config.layers is not None:
-            raise StartupError("--layers only applies to the built-in encoder, not to --model FILE")
-        if not config.model.is_file():
-            raise StartupError(f"--model {config.model}: no such file")
-        log.info("model %s: user file %s", config.model_name, config.model)
-        return config.model
-    if config.builtin == "identity":
-        path, reused = cached_identity(IdentityConfig(), config.cache_dir.expanduser())
-        log.info("model %s: built-in identity, %s %s", config.model_name, "reused cached" if reused else "built", path)
-        return path
-    encoder = EncoderConfig() if config.layers is None else EncoderConfig(layers=config.layers)
-    started = time.perf_counter()
-    path, reused = cached_encoder(encoder, config.cache_dir.expanduser())
-    log.info("model %s: built-in encoder, %d layers, %s %s in %.2f s", config.model_name, encoder.layers,
-             "reused cached" if reused else "built", path, time.perf_counter() - started)
-    return path
 
 
 def load_backend(backend_class: type[Backend], why: str, config: ServerConfig, model_path: Path) -> tuple[Backend, float]:
@@ -124,7 +74,7 @@ def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
 
 async def serve(config: ServerConfig, replica: ReplicaRole | None = None) -> None:
     """Run until SIGTERM/SIGINT, then drain and return. `replica`: run as one replica under the supervisor
-    (replicas.py): SO_REUSEPORT on the shared port, its id in X-Replica-Id, state reported on stdout."""
+    (supervisor.py): SO_REUSEPORT on the shared port, its id in X-Replica-Id, state reported on stdout."""
     try:
         backend_class, why = choose_backend(config.backend)
     except BackendUnavailable as exc:

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reference_server.backend import OnnxRuntimeBackend
+from reference_server.backends.onnxruntime import OnnxRuntimeBackend
 from reference_server.batcher import Overloaded
 from reference_server.decoder import (DecoderConfig, build_decoder, cached_decoder, empty_cache, past_names,
                                       present_names)

@@ -9,10 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from reference_server.backend import BackendUnavailable, OnnxRuntimeBackend, choose_backend
+from reference_server.backends import choose_backend
+from reference_server.backends.base import BackendUnavailable
+from reference_server.backends.onnxruntime import OnnxRuntimeBackend
+from reference_server.backends.tensorrt import TensorRTBackend, engine_cache_key, optimization_profile, tensorrt_unavailable
 from reference_server.model import EncoderConfig, cached_encoder
 from reference_server.signature import Signature, TensorSpec, read_signature
-from reference_server.tensorrt_backend import TensorRTBackend, engine_cache_key, optimization_profile, tensorrt_unavailable
 
 PROFILE = {"input_ids": ((1, 1), (8, 128), (32, 512))}
 KEY_ARGS = dict(model_bytes=b"onnx", gpu="NVIDIA H100", compute_capability=(9, 0), trt_version="10.3.0",

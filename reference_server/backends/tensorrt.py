@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from reference_server.backend import Backend
+from reference_server.backends.base import Backend
 from reference_server.signature import Signature
 
 log = logging.getLogger(__name__)

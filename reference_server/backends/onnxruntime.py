@@ -1,0 +1,46 @@
+"""ONNX Runtime backend: the default, and the only one that runs on CPU.
+
+The session uses the best execution provider onnxruntime reports available (TensorRT, then CUDA, then
+CPU), `threads` intra-op threads and one inter-op thread: the batcher hands it one batch at a time, so
+the parallelism is inside the ops.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from reference_server.backends.base import Backend
+
+# Execution providers in the order we prefer them when onnxruntime reports them available.
+_PREFERRED_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
+
+
+class OnnxRuntimeBackend(Backend):
+    name = "onnxruntime"
+    platform = "onnxruntime_onnx"
+
+    def __init__(self, model_path: Path, threads: int | None = None) -> None:
+        super().__init__(model_path, threads)
+        self._session = None
+        self._output_names = [t.name for t in self.signature.outputs]
+
+    def load(self) -> None:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = self.threads
+        options.inter_op_num_threads = 1  # one batch at a time per instance; parallelism is inside ops
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        available = set(ort.get_available_providers())
+        providers = [p for p in _PREFERRED_PROVIDERS if p in available]
+        self._session = ort.InferenceSession(str(self.model_path), options, providers=providers)
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self._session is None:
+            raise RuntimeError("OnnxRuntimeBackend.run() called before load()")
+        return dict(zip(self._output_names, self._session.run(self._output_names, inputs)))
+
+    def describe(self) -> str:
+        providers = self._session.get_providers() if self._session else []
+        return f"onnxruntime providers={','.join(providers)} intra_op_threads={self.threads}"
