@@ -46,7 +46,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         scenario = scenario_from_dict({
             "name": "action_timing",
-            "target": {"url": url, "launch": {"command": f"python -m latscope.builtin_target --port {port}",
+            "target": {"url": url, "launch": {"command": f"python -m latscope.targets.echo --port {port}",
                                               "ready_url": f"{url}/health"}},
             "phases": [{"name": "load", "duration": duration, "arrival": {"type": "poisson", "rate": args.rate}}],
             "actions": actions,

@@ -36,7 +36,7 @@ import run_independent_tool  # noqa: E402
 from common import (  # noqa: E402
     fmt, free_port, machine_facts, machine_line, markdown_table, server_process, update_results_md, write_report_json,
 )
-from latscope.hlog import read_hlog  # noqa: E402
+from latscope.results.hlog import read_hlog  # noqa: E402
 from latscope.recorder import merge, values_at  # noqa: E402
 from latscope.run import run_scenario  # noqa: E402
 from latscope.scenario import scenario_from_dict  # noqa: E402

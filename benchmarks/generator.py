@@ -241,8 +241,8 @@ def start_nginx(binary: str, workdir: Path) -> Target:
 
 def start_builtin_target(workdir: Path) -> Target:
     port = free_port()
-    command = [sys.executable, "-m", "latscope.builtin_target", "--port", str(port), "--delay-ms", "0"]
-    return start_target("latscope.builtin_target (delay 0)", command, "/health", port, workdir)
+    command = [sys.executable, "-m", "latscope.targets.echo", "--port", str(port), "--delay-ms", "0"]
+    return start_target("latscope.targets.echo (delay 0)", command, "/health", port, workdir)
 
 
 def stop_target(target: Target) -> None:

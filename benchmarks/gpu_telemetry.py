@@ -75,7 +75,7 @@ def main() -> int:
     scenario = scenario_from_dict({
         "name": "gpu-telemetry",
         "target": {"url": f"http://127.0.0.1:{port}", "method": "POST", "path": "/infer",
-                   "launch": {"command": f"python -m latscope.builtin_target --port {port}",
+                   "launch": {"command": f"python -m latscope.targets.echo --port {port}",
                               "ready_url": f"http://127.0.0.1:{port}/health", "cwd": str(REPO)}},
         "phases": [{"name": "loaded", "duration": args.seconds, "arrival": {"type": "constant", "rate": 20}}],
         "telemetry": {"interval": 0.25, "nvml": True, "host": True},

@@ -8,7 +8,7 @@
    server's identity model (scenarios/serialization.yaml, at a low rate so nothing queues). Medians
    of latscope's own `encode` and `decode` metrics (the client's work per request), the server's
    `deser`/`ser` (Server-Timing) and the round trip.
-2. **OpenAI streaming.** latscope's client against `latscope.stream_target` (tokens at known times):
+2. **OpenAI streaming.** latscope's client against `latscope.targets.stream` (tokens at known times):
    `encode` per request, and SSE parsing per token = `decode` (all the events of one response) / tokens.
 3. **Concurrent streams.** One worker holding N streams at once (each 40 tokens, 50 or 100 ms apart;
    requests arrive evenly so that N are in flight after one stream's length, then for 12 s more), through latscope's real
@@ -155,7 +155,7 @@ async def _hold(scenario) -> tuple[dict, float, int]:
     """Run the scenario's plan through one real Engine in this process (as a worker would); returns
     the engine's final report, its CPU seconds per wall second, and its start (perf_counter_ns)."""
     plan = build_plan(scenario)
-    client = make_client(scenario, scenario.limits.max_in_flight)
+    client = make_client(scenario)
     await client.open()
     t0 = time.perf_counter_ns() + 300_000_000
     windows = [(t0 + int(p.start_s * 1e9), t0 + int((p.start_s + p.duration_s) * 1e9)) for p in plan.phases if p.warmup]
@@ -198,7 +198,7 @@ def hold_streams(url: str, streams: int, itl_ms: float, seconds: float, work: Pa
 def streaming(quick: bool, work: Path, server_cpu: int | None) -> tuple[dict, list[dict]]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with server_process([sys.executable, "-m", "latscope.stream_target", "--port", str(port)],
+    with server_process([sys.executable, "-m", "latscope.targets.stream", "--port", str(port)],
                         f"{url}/health", work / "stream_target.log", server_cpu):
         summary, _ = run(scenario_from_dict(stream_scenario(url, 50, 5, work)), work / "openai-cost")
         tokens = summary["tokens"]["all"]["output_tokens"] / max(1, summary["requests"]["completed"])

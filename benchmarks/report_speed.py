@@ -8,7 +8,7 @@
    period (minutes 30-35: 3x slower and a second replica added), 0.1 % 503 errors, and 4 Hz GPU
    telemetry. Nothing is sent: the samples are drawn with numpy, but everything after that is
    latscope's own code — the worker-side `Recorder`, the parent's `Collector` (interval merge, hlog
-   lines, time-series rows), `HlogWriter`, and `run._Run.write_summary` for summary.json and
+   lines, time-series rows), `HlogWriter`, and `run.summary.write_results` for summary.json and
    timeseries.parquet — so the files are what a real run of that length writes.
 2. **Time** `latscope report DIR -o FILE` as a subprocess, wall clock, best of 3, with plotly.js
    embedded and with --cdn; the HTML sizes. Targets: < 10 s, < 8 MB embedded.
@@ -36,12 +36,13 @@ from common import fmt, machine_facts, machine_line, markdown_table, update_resu
 import numpy as np  # noqa: E402
 
 from latscope import results  # noqa: E402
-from latscope.collector import Collector  # noqa: E402
-from latscope.engine import COMPLETED, COUNTERS, ERROR_INDEX, SENT  # noqa: E402
-from latscope.hlog import HlogWriter  # noqa: E402
 from latscope.plan import build_plan  # noqa: E402
+from latscope.records import IntervalReport  # noqa: E402
 from latscope.recorder import Recorder  # noqa: E402
-from latscope.run import _Run  # noqa: E402
+from latscope.results.hlog import HlogWriter  # noqa: E402
+from latscope.results.schema import COMPLETED, COUNTERS, ERROR_INDEX, SENT  # noqa: E402
+from latscope.run.collector import Collector  # noqa: E402
+from latscope.run.summary import RunFacts, write_results  # noqa: E402
 from latscope.scenario import scenario_from_dict  # noqa: E402
 
 SECTION_TITLE = "## report speed (benchmarks/report_speed.py)"
@@ -79,11 +80,10 @@ def synthesize(run_dir: Path) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     results.write_text(run_dir / results.SCENARIO, "# synthesized by benchmarks/report_speed.py\nname: report_speed\n")
     events = results.EventLog(run_dir / results.EVENTS)
-    run = _Run(s, plan, 1, run_dir, events, None)
     t0_wall, t0_ns = time.time() - DURATION_S, time.perf_counter_ns() - int(DURATION_S * 1e9)
-    run.t0_ns, run.t0_wall, run.end_ns = t0_ns, t0_wall, t0_ns + int(DURATION_S * 1e9)
     events.t0_ns = t0_ns
-    run.collector = collector = Collector(1, plan, 1.0, HlogWriter(run._hlog_file, t0_wall))
+    hlog_file = open(run_dir / results.HLOG, "w")
+    collector = Collector(1, plan, 1.0, HlogWriter(hlog_file, t0_wall))
     events.emit("run_start", at_ns=t0_ns, planned_requests=len(plan), workers=1)
     for p in plan.phases:
         events.emit("phase_start", at_ns=t0_ns + int(p.start_s * 1e9), phase=p.name, planned_at_s=p.start_s, warmup=p.warmup)
@@ -121,18 +121,20 @@ def synthesize(run_dir: Path) -> dict:
             recorder.record("loop_lag", "all", int(rng.exponential(80.0)), k < WARMUP_S)
         histograms, clamped = recorder.snapshot()
         in_flight = int((hi - lo) * float(np.mean(latency_ms[lo:hi])) / 1000) if hi > lo else 0
-        replicas = {"replica-0": t0_ns + 50_000_000} if k == 0 else {}
+        # each replica's first response: (end ns, latency µs)
+        replicas = {"replica-0": (t0_ns + 50_000_000, 40_000)} if k == 0 else {}
         if k == int(REPLICA_1_S):
-            replicas = {"replica-1": t0_ns + int(REPLICA_1_S * 1e9)}
-        collector.add({"interval": k, "histograms": histograms, "clamped": clamped, "counters": counters,
-                       "in_flight": in_flight, "replicas": replicas})
-        for replica, first_ns in collector.new_replicas:
-            events.emit("replica_first_seen", at_ns=first_ns, replica=replica)
+            replicas = {"replica-1": (t0_ns + int(REPLICA_1_S * 1e9), 400_000)}
+        collector.add(IntervalReport(k, histograms, clamped, counters, in_flight, replicas, [], None))
+        for replica, first_ns, latency_us in collector.new_replicas:
+            events.emit("replica_first_seen", at_ns=first_ns, replica=replica, latency_ms=latency_us / 1000)
         collector.new_replicas.clear()
-    run.done = {0: {"error_examples": {"http_5xx": ["HTTP 503 Service Unavailable: overloaded, retry later"]}}}
-    run.close()
+    collector.finish()
+    hlog_file.close()
     write_telemetry(run_dir, rng)
-    summary = run.write_summary(t0_wall)
+    facts = RunFacts(s, plan, 1, collector, t0_wall, t0_ns=t0_ns, t0_wall=t0_wall, end_ns=t0_ns + int(DURATION_S * 1e9),
+                     error_examples={"http_5xx": ["HTTP 503 Service Unavailable: overloaded, retry later"]})
+    summary = write_results(run_dir, facts, events)
     return {"requests": len(plan), "measured_completed": summary["requests"]["completed"],
             "hlog_mb": round((run_dir / results.HLOG).stat().st_size / 1e6, 1)}
 

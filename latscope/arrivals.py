@@ -21,7 +21,8 @@ Randomness comes only from the `rng` argument (a seeded `numpy.random.Generator`
 seed always gives the same schedule. Even spacing never touches `rng`; it may be None there.
 
 Recorded traces (`read_trace`, `trace_offsets`) bypass the rate machinery: their timestamps are
-the arrivals.
+the arrivals. `phase_offsets`, at the end, is where a scenario's arrival model (latscope/scenario/
+phases.py) meets its shape here: the plan calls it for every phase.
 
 Invalid arguments (negative rates, mismatched lengths, ...) raise ValueError: scenario validation
 is expected to have caught them earlier, so reaching one is a programming error. Problems with a
@@ -32,16 +33,16 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
 if TYPE_CHECKING:  # pandas is imported only where a trace is read: workers start faster without it
     import pandas as pd
 
-from latscope.errors import ScenarioError
+    from latscope.scenario import Arrival, Spacing  # the scenario's models are the one home of both
 
-Spacing = Literal["even", "poisson"]
+from latscope.errors import ScenarioError
 
 # Poisson spacing draws Exp(1) variates in chunks of at most this many (32 MiB of float64), so a
 # very long phase does not need a second full-size temporary array while drawing.
@@ -439,3 +440,51 @@ def trace_lengths(trace: pd.DataFrame, column: str, path: str | Path) -> np.ndar
         raise ScenarioError(f"trace file {path}: no column {column!r} (columns: {known})")
     values = pd.to_numeric(trace[column], errors="coerce").to_numpy(dtype=np.float64)
     return np.where(np.isfinite(values) & (values >= 1), np.rint(values), 0).astype(np.int32)
+
+
+# --------------------------------------------------------------------------------------------
+# The scenario's arrival models -> offsets
+# --------------------------------------------------------------------------------------------
+
+
+def phase_offsets(a: Arrival, d: float | None, rng: np.random.Generator,
+                  resolve: Callable[[str], Path]) -> tuple[np.ndarray, float, dict[str, np.ndarray]]:
+    """A scenario phase's intended offsets for its arrival model `a` and duration `d` (None: a trace
+    phase that lasts as long as its trace), the phase's duration, and the per-request lengths its
+    arrivals bring along ({"prompt_tokens"/"output_tokens": int32 array}, from a trace's columns).
+    `resolve` turns a file name of the scenario into a path. A new arrival process is a model in
+    latscope/scenario/phases.py and a shape function above plus its `case` here."""
+    match a.type:
+        case "constant":
+            return constant(a.rate, d), d, {}
+        case "poisson":
+            return poisson(a.rate, d, rng), d, {}
+        case "burst":
+            return burst(a.base_rate, a.burst_rate, a.burst_length, a.period, d, a.spacing, rng), d, {}
+        case "mmpp":
+            return mmpp(a.base_rate, a.burst_rate, a.mean_burst_length, a.mean_gap, d, rng), d, {}
+        case "ramp":
+            return ramp(a.from_rate, a.to_rate, d, a.spacing, rng), d, {}
+        case "steps":
+            return steps(a.rates, a.step, d, a.spacing, rng), d, {}
+        case "spike":
+            return spike(a.base_rate, a.spike_rate, a.at, a.length, d, a.spacing, rng), d, {}
+        case "idle":
+            return np.empty(0, dtype=np.float64), d, {}
+        case "trace":
+            path = resolve(a.file)
+            trace = read_trace(path, a.time_column)
+            offsets = trace_offsets(trace, a.speedup, a.start, d)
+            if d is None:  # the phase lasts as long as the (sped-up) trace
+                d = float(offsets[-1]) + 1e-6 if len(offsets) else 0.0
+            lengths = {}
+            if (spec := a.lengths) is not None:
+                rows = trace_rows(trace, a.speedup, a.start, d)  # the rows behind `offsets`, in order
+                for key, column, cap in (("prompt_tokens", spec.prompt_column, spec.max_prompt),
+                                         ("output_tokens", spec.output_column, spec.max_output)):
+                    if column is not None:
+                        values = trace_lengths(trace, column, path)[rows]
+                        scaled = np.maximum(1, np.rint(values * spec.scale)) if spec.scale != 1 else values
+                        lengths[key] = np.where(values > 0, np.minimum(scaled, cap or np.iinfo(np.int32).max), 0).astype(np.int32)
+            return offsets, d, lengths
+    raise AssertionError(f"unhandled arrival type {a.type}")

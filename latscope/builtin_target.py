@@ -1,70 +1,12 @@
-"""A small HTTP target for examples and tests: answers every request after a configurable delay.
+"""Deprecated: the example HTTP target now lives in `latscope.targets.echo`.
 
-    python -m latscope.builtin_target --port 8765 --delay-ms 2 --jitter-ms 1
+    python -m latscope.targets.echo --port 8765
 
-It can also freeze, like a process stopped with ^Z or a long GC pause: with `--freeze-every 10
---freeze-for 2` every request that arrives during the 2 s freeze at the start of each 10 s cycle is
-held until the freeze ends. It is the stand-in target until the reference server exists; it binds
-127.0.0.1 by default and bounds request bodies.
+This alias keeps `python -m latscope.builtin_target` (shown in an older README) working for one
+release; it will then be removed.
 """
 
-from __future__ import annotations
-
-import argparse
-import asyncio
-import os
-import random
-import time
-
-from aiohttp import web
-
-MAX_BODY_BYTES = 1 << 20
-
-
-def make_app(delay_ms: float = 1.0, jitter_ms: float = 0.0, freeze_every: float = 0.0, freeze_for: float = 0.0,
-             seed: int = 0) -> web.Application:
-    """The target's aiohttp application. Freeze cycles are counted from the app's start."""
-    rng = random.Random(seed)
-    started = time.monotonic()
-
-    async def handle(request: web.Request) -> web.Response:
-        body = await request.read()
-        if freeze_every > 0 and freeze_for > 0:
-            into_cycle = (time.monotonic() - started) % freeze_every
-            if into_cycle < freeze_for:
-                await asyncio.sleep(freeze_for - into_cycle)
-        delay = delay_ms + (rng.uniform(-jitter_ms, jitter_ms) if jitter_ms else 0.0)
-        if delay > 0:
-            await asyncio.sleep(delay / 1000)
-        return web.json_response({"ok": True, "received_bytes": len(body)})
-
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ready", "pid": os.getpid()})
-
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
-    app.router.add_get("/health", health)
-    app.router.add_route("*", "/{tail:.*}", handle)
-    return app
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8765)
-    parser.add_argument("--delay-ms", type=float, default=1.0, help="mean response delay")
-    parser.add_argument("--jitter-ms", type=float, default=0.0, help="uniform ± jitter around the delay")
-    parser.add_argument("--freeze-every", type=float, default=0.0, metavar="S", help="freeze cycle length")
-    parser.add_argument("--freeze-for", type=float, default=0.0, metavar="S", help="freeze length per cycle")
-    args = parser.parse_args(argv)
-    app = make_app(args.delay_ms, args.jitter_ms, args.freeze_every, args.freeze_for)
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:  # pragma: no cover
-        pass
-    web.run_app(app, host=args.host, port=args.port, access_log=None, print=None)
-
+from latscope.targets.echo import MAX_BODY_BYTES, main, make_app  # noqa: F401
 
 if __name__ == "__main__":
     main()

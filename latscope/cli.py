@@ -59,7 +59,7 @@ def _run_gate(results_dir: Path, baseline: Path | None, slo_file: Path | None, j
     import os
 
     from latscope.analysis.gate import gate as evaluate_gate
-    from latscope.gate_file import load_gate_file
+    from latscope.scenario.gate_file import load_gate_file
     from latscope.report.gate_output import github_annotations, junit_xml, markdown as gate_markdown, text_table
 
     try:
@@ -151,9 +151,8 @@ def run(scenario_file: Path, out: Path | None, overrides: tuple[str, ...], worke
 @_set_option
 def validate(scenario_file: Path, overrides: tuple[str, ...]) -> None:
     """Check SCENARIO_FILE and show what it would send."""
-    from latscope.plan import build_plan
-    from latscope.scenario import load_scenario
-
+    from latscope.plan import action_times, build_plan
+    from latscope.scenario import action_secrets, load_scenario
     from latscope.workload import Payloads
 
     try:
@@ -175,11 +174,11 @@ def validate(scenario_file: Path, overrides: tuple[str, ...]) -> None:
             if lengths.any():
                 p50, p99 = np.percentile(lengths, [50, 99])
                 click.echo(f"        {label}: min {lengths.min()}, p50 {p50:.0f}, p99 {p99:.0f}, max {lengths.max()}")
-    for action, at in zip(scenario.actions, scenario.action_times(plan)):
+    for action, at in zip(scenario.actions, action_times(scenario, plan)):
         what = {"command": lambda a: f"command {a.command if isinstance(a.command, str) else shlex.join(a.command)}",
                 "http": lambda a: f"http {a.http.method} {a.http.url}", "restart": lambda a: "restart the launched target"}
         line = what[action.kind](action)
-        for secret in scenario.action_secrets():  # a token from ${ENV} in a command line stays off the screen
+        for secret in action_secrets(scenario):  # a token from ${ENV} in a command line stays off the screen
             line = line.replace(secret, "<redacted>")
         click.echo(f"  action {action.name:<15} at {at:7.1f} s  {line}")
 

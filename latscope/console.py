@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from latscope.analysis import coldstart
+from latscope.report.words import event_text
 from latscope.run import Progress
 
 PLAIN_EVERY_S = 10.0
@@ -33,31 +34,10 @@ def progress_line(p: Progress) -> str:
 
 
 def event_line(e: dict) -> str:
-    """A notable event (run.NOTABLE_EVENTS) as one line for the terminal."""
+    """A notable event (run.NOTABLE_EVENTS) as one line for the terminal: its time, then its words
+    (report/words.py's event_text, which the report's time plots share)."""
     at = f"{e['t_s']:7.1f} s" if e.get("t_s") is not None else " before t=0"
-    kind = e["event"]
-    if kind == "action_end":
-        outcome = "ok" if e.get("ok") else "FAILED"
-        detail = (f"status {e['status']}" if e.get("status") is not None else
-                  f"exit code {e['exit_code']}" if e.get("exit_code") is not None else
-                  f"ready after {e['ready_after_s']:.2f} s" if e.get("ready_after_s") is not None else "")
-        error = f": {e['error']}" if e.get("error") else ""
-        text = f"action {e.get('name')} ({e.get('kind')}) {outcome}{', ' + detail if detail else ''} in {e.get('duration_s', 0):.2f} s{error}"
-    elif kind == "action_skipped":
-        text = f"action {e.get('name')} skipped: {e.get('reason')}"
-    elif kind == "replica_first_seen":
-        first = f", first response {e['latency_ms']:,.0f} ms" if e.get("latency_ms") is not None else ""
-        text = f"new replica {e.get('replica')}{first}"
-    elif kind == "first_after_idle":
-        outcome = f"error {e['error']}" if e.get("error") else f"{e.get('latency_ms', 0):,.0f} ms"
-        text = f"first request after {e.get('idle_gap_s', 0):.1f} s idle: {outcome}"
-    elif kind == "target_ready":
-        text = f"target ready after {e.get('after_s', 0):.2f} s"
-    elif kind == "target_stopped":
-        text = f"target stopped (exit code {e.get('exit_code')})"
-    else:
-        text = f"{kind.replace('_', ' ')}: {e.get('reason', '')}"
-    return f"{at}  {text}"
+    return f"{at}  {event_text(e)}"
 
 
 class ProgressDisplay:

@@ -1,10 +1,11 @@
-"""The open-loop engine: one per worker process.
+"""The open-loop engine: one per worker process. It sends on time; intervals.py records.
 
 Timing rules (DESIGN.md), all on the monotonic `perf_counter_ns` clock:
 - every request has an intended send time from the plan, and is sent then, whatever earlier
   requests are doing: a slow target makes requests pile up in flight, it never slows the offered load;
 - latency = end − intended (the honest, coordinated-omission-free number), service_time = end −
-  actual send, send_lag = actual send − intended (so a client that fell behind is visible);
+  actual send, send_lag = actual send − intended (so a client that fell behind is visible); the
+  engine hands each request and its outcome to an `IntervalRecorder`, which applies these rules;
 - the engine watches its own event-loop lag and garbage-collection pauses, so client hiccups are
   reported, not blamed on the server.
 
@@ -18,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
-import re
 import signal
 import time
 import traceback
@@ -27,43 +27,21 @@ from typing import Any, Callable
 
 import numpy as np
 
-from latscope.records import ERROR_KINDS, Outcome, Request
-from latscope.recorder import Recorder
+from latscope.intervals import IntervalRecorder
+from latscope.plan import after_idle, build_plan
+from latscope.protocols import Client, make_client
+from latscope.records import IntervalReport, Request, WorkerDone, WorkerFailed, WorkerMessage, WorkerReady
+from latscope.results.schema import CANCELLED, DROPPED, LATE, SENT
 from latscope.scenario import Scenario
-
-# Per-interval counters kept for each (class index, warmup) pair, in this order. The token counters
-# add up the tokens of completed requests (output_tokens_usage: those whose count came from the
-# server's usage report rather than from counting chunks).
-TOKEN_COUNTERS = ("prompt_tokens", "output_tokens", "output_tokens_usage")
-COUNTERS = ("sent", "completed", "dropped", "late", "cancelled", *ERROR_KINDS, *TOKEN_COUNTERS)
-SENT, COMPLETED, DROPPED, LATE, CANCELLED = range(5)
-ERROR_INDEX = {kind: 5 + i for i, kind in enumerate(ERROR_KINDS)}
-PROMPT_TOKENS, OUTPUT_TOKENS, OUTPUT_TOKENS_USAGE = (COUNTERS.index(c) for c in TOKEN_COUNTERS)
 
 LOOP_LAG_PERIOD_NS = 10_000_000  # the lag probe asks to sleep 10 ms; anything beyond is loop lag
 STOP_POLL_S = 0.05  # how often a worker checks for a stop request
-MAX_ERROR_EXAMPLES = 5  # distinct error messages kept per kind
 YIELD_EVERY = 64  # when behind schedule, let responses be read at least this often
 # Event-loop timers have millisecond granularity (libuv rounds to whole ms on a cached clock), so a
 # timer alone sends up to ~1 ms late. With the precise timer the engine sleeps until SPIN_NS before
 # the intended time and polls the clock for the rest, yielding to the loop at each poll so responses
 # are still read on time. It costs up to rate x SPIN_NS of CPU per second; the coarse timer costs none.
 SPIN_NS = 1_000_000
-# Each replica's latency is also recorded under a metric of its own, class = the replica id (from the
-# response's X-Replica-Id), so that a replica the target added mid-run, and its cold first requests,
-# can be told apart from the rest. A target that put a fresh id on every response (say, a request id)
-# would make a histogram per response: past MAX_REPLICA_CLASSES ids (per worker), new ones share OTHER_REPLICAS.
-REPLICA_METRIC = "replica_latency"
-MAX_REPLICA_CLASSES = 64
-OTHER_REPLICAS = "_other"
-_TAG_UNSAFE = re.compile(r"[,\s/]+")
-
-
-def replica_class(replica: str) -> str:
-    """A replica id as an hlog-tag-safe class name: runs of ',', '/' and whitespace become '_'
-    (hlog tags may hold neither ',' nor whitespace, and '/' separates metric from class), at most
-    100 characters."""
-    return _TAG_UNSAFE.sub("_", replica)[:100] or "_"
 
 
 @dataclass(frozen=True)
@@ -74,11 +52,12 @@ class WorkerSpec:
 
 
 class Engine:
-    """Sends one worker's share of the plan, open loop, and reports per-interval results."""
+    """Sends one worker's share of the plan, open loop, and reports per-interval results (`report`
+    gets an IntervalReport at every interval boundary of the run's clock, and one last at the end)."""
 
     def __init__(
         self,
-        client: Any,
+        client: Client,
         intended_ns: np.ndarray,
         seq: np.ndarray,
         cls: np.ndarray,
@@ -92,7 +71,7 @@ class Engine:
         max_in_flight: int,
         overflow: str,
         drain_timeout_s: float,
-        report: Callable[[dict], None],
+        report: Callable[[IntervalReport], None],
         should_stop: Callable[[], bool],
         precise_timer: bool,
         probes: frozenset[int] = frozenset(),
@@ -100,7 +79,6 @@ class Engine:
         self.client = client
         self.intended_ns, self.seq, self.cls, self.warmup = intended_ns, seq, cls, warmup
         self.asks = asks  # per request: planned prompt tokens, output tokens, item (see workload.py)
-        self.class_names = class_names
         self.warmup_windows_ns = warmup_windows_ns
         self.t0_ns = t0_ns
         self.interval_ns = int(interval_s * 1e9)
@@ -110,16 +88,7 @@ class Engine:
         self.report = report
         self.should_stop = should_stop
         self.spin_ns = SPIN_NS if precise_timer else 0
-        self.probes = probes  # plan indices of requests reported one by one (plan.after_idle)
-
-        self.recorder = Recorder()
-        self.counters: dict[tuple[int, bool], list[int]] = {}
-        self.error_examples: dict[str, list[str]] = {}
-        # replica id -> (perf_counter_ns, latency µs or None for an error) of its first response, since the last report
-        self.replicas_new: dict[str, tuple[int, int | None]] = {}
-        self.first_ok: tuple[int, int] | None = None  # (end ns, latency µs) of this worker's first successful response
-        self.probes_new: list[dict] = []  # outcomes of probe requests, since the last report
-        self._replica_classes: dict[str, str] = {}  # replica id -> its class under REPLICA_METRIC
+        self.measure = IntervalRecorder(class_names, probes)  # probes: plan indices reported one by one
         self.in_flight = 0
         self.consumed = 0  # how many of this worker's planned requests were sent, dropped or skipped
         self.stopping = False
@@ -129,16 +98,6 @@ class Engine:
         self._gc_started = 0
 
     # -- the schedule ------------------------------------------------------------------------
-
-    def _row(self, cls: int, warmup: bool) -> list[int]:
-        """This interval's counters of (class, warmup)."""
-        row = self.counters.get((cls, warmup))
-        if row is None:
-            row = self.counters[(cls, warmup)] = [0] * len(COUNTERS)
-        return row
-
-    def _count(self, cls: int, warmup: bool, counter: int) -> None:
-        self._row(cls, warmup)[counter] += 1
 
     async def _sleep_until(self, when_ns: int) -> None:
         """Sleep until `when_ns` (see SPIN_NS); wakes at least every STOP_POLL_S to notice a stop
@@ -155,6 +114,7 @@ class Engine:
     async def _send_all(self) -> None:
         loop = asyncio.get_running_loop()
         pc = time.perf_counter_ns
+        count = self.measure.count
         since_yield = 0
         chunk = 65536  # iterate in chunks: Python ints for speed, without a list of the whole plan
         for start in range(0, len(self.intended_ns), chunk):
@@ -177,9 +137,9 @@ class Engine:
                 self.consumed += 1
                 if self.in_flight >= self.cap:
                     if self.overflow == "drop":
-                        self._count(cls, warm, DROPPED)
+                        count(cls, warm, DROPPED)
                         continue
-                    self._count(cls, warm, LATE)
+                    count(cls, warm, LATE)
                     while self.in_flight >= self.cap and not self.stopping:
                         self._slot_free.clear()
                         await self._slot_free.wait()
@@ -187,7 +147,7 @@ class Engine:
                         self.consumed -= 1
                         return
                 self.in_flight += 1
-                self._count(cls, warm, SENT)
+                count(cls, warm, SENT)
                 task = loop.create_task(self._one(Request(seq, intended, cls, warm, prompt, output, item)))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
@@ -197,78 +157,12 @@ class Engine:
         try:
             outcome = await self.client.send(request)
         except asyncio.CancelledError:
-            self._count(request.cls, request.warmup, CANCELLED)
+            self.measure.count(request.cls, request.warmup, CANCELLED)
             return
         finally:
             self.in_flight -= 1
             self._slot_free.set()
-        self._record(request, outcome)
-
-    def _record(self, request: Request, outcome: Outcome) -> None:
-        name, warm = self.class_names[request.cls], request.warmup
-        record = self.recorder.record
-        record("send_lag", name, (outcome.sent_ns - request.intended_ns) // 1000, warm)
-        latency_us = (outcome.end_ns - request.intended_ns) // 1000
-        if request.seq in self.probes:
-            self.probes_new.append({"seq": request.seq, "end_ns": outcome.end_ns, "latency_us": latency_us,
-                                    "error": outcome.error, "replica": outcome.replica})
-        replica = outcome.replica
-        if replica is not None:
-            replica = self._replica_classes.get(replica) or self._first_seen(
-                replica, outcome.end_ns, latency_us if outcome.error is None else None)
-        if outcome.error is None:
-            self._count(request.cls, warm, COMPLETED)
-            if self.first_ok is None:
-                self.first_ok = (outcome.end_ns, latency_us)
-            record("latency", name, latency_us, warm)
-            if replica is not None:
-                record(REPLICA_METRIC, replica, latency_us, warm)
-            service_ns = outcome.end_ns - outcome.sent_ns
-            record("service_time", name, service_ns // 1000, warm)
-            if outcome.token_ns or outcome.output_tokens:
-                self._record_tokens(request, outcome, name)
-            if outcome.encode_ns:
-                record("encode", name, outcome.encode_ns // 1000, warm)
-            if outcome.decode_ns:
-                record("decode", name, outcome.decode_ns // 1000, warm)
-            if outcome.server_timing:
-                for part, ms in outcome.server_timing.items():
-                    record(f"server.{part}", name, ms * 1000, warm)
-                if not outcome.token_ns:  # a stream's Server-Timing covers only its start
-                    server_ms = outcome.server_timing.get("total") or sum(outcome.server_timing.values())
-                    rest_ns = service_ns - outcome.encode_ns - outcome.decode_ns - int(server_ms * 1e6)
-                    record("network", name, max(0, rest_ns) // 1000, warm)
-        else:
-            self._count(request.cls, warm, ERROR_INDEX[outcome.error])
-            examples = self.error_examples.setdefault(outcome.error, [])
-            if len(examples) < MAX_ERROR_EXAMPLES and outcome.reason not in examples:
-                examples.append(outcome.reason)
-
-    def _first_seen(self, replica: str, end_ns: int, latency_us: int | None) -> str:
-        """Note a replica's first response; its class under REPLICA_METRIC (see replica_class)."""
-        self.replicas_new[replica] = (end_ns, latency_us)
-        cls = replica_class(replica) if len(self._replica_classes) < MAX_REPLICA_CLASSES else OTHER_REPLICAS
-        self._replica_classes[replica] = cls
-        return cls
-
-    def _record_tokens(self, request: Request, outcome: Outcome, name: str) -> None:
-        """Streams: TTFT from the intended time, every inter-token gap, TPOT. All: the token counters."""
-        record, warm, times = self.recorder.record, request.warmup, outcome.token_ns
-        tokens = outcome.output_tokens or len(times or ())
-        if times:
-            first = times[0]
-            record("ttft", name, (first - request.intended_ns) // 1000, warm)
-            previous = first
-            for t in times[1:]:
-                record("itl", name, (t - previous) // 1000, warm)
-                previous = t
-            if tokens > 1:
-                record("tpot", name, (outcome.end_ns - first) // 1000 // (tokens - 1), warm)
-        row = self._row(request.cls, warm)
-        row[PROMPT_TOKENS] += outcome.prompt_tokens or request.prompt_tokens
-        row[OUTPUT_TOKENS] += tokens
-        if outcome.tokens_from_usage:
-            row[OUTPUT_TOKENS_USAGE] += tokens
+        self.measure.record(request, outcome)
 
     # -- health of the generator itself -----------------------------------------------------
 
@@ -282,14 +176,14 @@ class Engine:
             await asyncio.sleep(LOOP_LAG_PERIOD_NS * 1e-9)
             now = pc()
             lag_us = max(0, now - before - LOOP_LAG_PERIOD_NS) // 1000
-            self.recorder.record("loop_lag", "all", lag_us, self._in_warmup(now))
+            self.measure.record_generator("loop_lag", lag_us, self._in_warmup(now))
 
     def _gc_callback(self, phase: str, info: dict) -> None:
         if phase == "start":
             self._gc_started = time.perf_counter_ns()
         else:
             now = time.perf_counter_ns()
-            self.recorder.record("gc_pause", "all", (now - self._gc_started) // 1000, self._in_warmup(now))
+            self.measure.record_generator("gc_pause", (now - self._gc_started) // 1000, self._in_warmup(now))
 
     async def _watch_stop(self) -> None:
         while not self.stopping:
@@ -301,23 +195,7 @@ class Engine:
     # -- reporting --------------------------------------------------------------------------
 
     def _emit_interval(self) -> None:
-        histograms, clamped = self.recorder.snapshot()
-        counters, self.counters = self.counters, {}
-        replicas, self.replicas_new = self.replicas_new, {}
-        probes, self.probes_new = self.probes_new, []
-        self.report(
-            {
-                "type": "interval",
-                "interval": self._interval,
-                "histograms": histograms,
-                "clamped": clamped,
-                "counters": counters,
-                "in_flight": self.in_flight,
-                "replicas": replicas,
-                "probes": probes,
-                "first_ok": self.first_ok,
-            }
-        )
+        self.report(self.measure.take(self._interval, self.in_flight))
         self._interval += 1
 
     async def _tick(self) -> None:
@@ -331,8 +209,9 @@ class Engine:
 
     # -- the run ----------------------------------------------------------------------------
 
-    async def run(self) -> dict:
-        """Send everything (or until stopped), drain, and return the final report."""
+    async def run(self) -> tuple[int, dict[str, list[str]]]:
+        """Send everything (or until stopped), drain, report the last interval; (planned requests not
+        sent, error examples by kind)."""
         helpers = [asyncio.create_task(c) for c in (self._tick(), self._watch_loop_lag(), self._watch_stop())]
         gc.callbacks.append(self._gc_callback)
         try:
@@ -345,11 +224,7 @@ class Engine:
                 helper.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
         self._emit_interval()
-        return {
-            "type": "done",
-            "not_sent": len(self.intended_ns) - self.consumed,
-            "error_examples": self.error_examples,
-        }
+        return len(self.intended_ns) - self.consumed, self.measure.error_examples
 
     async def _drain(self) -> None:
         """Wait for requests still in flight: up to the target timeout normally, briefly when stopping."""
@@ -374,7 +249,7 @@ def worker_main(spec: WorkerSpec, queue: Any, start_event: Any, t0_value: Any, s
     try:
         _run_loop(_worker(spec, queue, start_event, t0_value, stop_event))
     except BaseException:
-        queue.put({"type": "failed", "worker": spec.index, "error": traceback.format_exc()})
+        queue.put(WorkerFailed(spec.index, traceback.format_exc()))
 
 
 def _run_loop(coro: Any) -> Any:
@@ -386,25 +261,22 @@ def _run_loop(coro: Any) -> Any:
 
 
 async def _worker(spec: WorkerSpec, queue: Any, start_event: Any, t0_value: Any, stop_event: Any) -> None:
-    from latscope.plan import after_idle, build_plan
-    from latscope.protocols import make_client
-
     scenario = spec.scenario
     plan = build_plan(scenario)
     mine = plan.worker_slice(spec.index, spec.workers)
     cap = max(1, scenario.limits.max_in_flight // spec.workers)
-    client = make_client(scenario, cap)
+    client = make_client(scenario)
     await client.open()
     parent = os.getppid()
 
-    def report(message: dict) -> None:
-        message["worker"] = spec.index
+    def report(message: WorkerMessage) -> None:
+        message.worker = spec.index
         queue.put(message)
 
     def should_stop() -> bool:
         return stop_event.is_set() or os.getppid() != parent
 
-    report({"type": "ready", "planned": len(mine)})
+    report(WorkerReady(spec.index, len(mine)))
     loop = asyncio.get_running_loop()
     while not await loop.run_in_executor(None, start_event.wait, 1.0):
         if should_stop():
@@ -439,7 +311,7 @@ async def _worker(spec: WorkerSpec, queue: Any, start_event: Any, t0_value: Any,
     gc.freeze()
     gc.set_threshold(20_000, 50, 1000)
     try:
-        final = await engine.run()
+        not_sent, error_examples = await engine.run()
     finally:
         await client.close()
-    report(final)
+    report(WorkerDone(spec.index, not_sent, error_examples))

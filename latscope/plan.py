@@ -13,10 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from latscope import arrivals
-from latscope.scenario import Phase, Scenario
+from latscope.scenario import PROTOCOLS, Scenario
 from latscope.workload import draw_lengths, seed_streams
-
-DEFAULT_PROMPT_TOKENS = 32  # an openai class that gives neither prompt_tokens nor a dataset
 # A gap of at least this long in the schedule (a trace's lull) counts as idle, like an idle phase:
 # long enough for a target that scales to zero to have done so on a short timeout.
 IDLE_GAP_S = 5.0
@@ -63,54 +61,14 @@ class Plan:
         return np.arange(index, len(self), workers)
 
 
-def _phase_offsets(phase: Phase, scenario: Scenario, rng: np.random.Generator) -> tuple[np.ndarray, float, dict]:
-    """Intended offsets within one phase, the phase's duration, and per-request lengths the phase's
-    arrivals bring along ({"prompt_tokens"/"output_tokens": int32 array}, from a trace's columns)."""
-    a = phase.arrival
-    d = phase.duration
-    match a.type:
-        case "constant":
-            return arrivals.constant(a.rate, d), d, {}
-        case "poisson":
-            return arrivals.poisson(a.rate, d, rng), d, {}
-        case "burst":
-            return arrivals.burst(a.base_rate, a.burst_rate, a.burst_length, a.period, d, a.spacing, rng), d, {}
-        case "mmpp":
-            return arrivals.mmpp(a.base_rate, a.burst_rate, a.mean_burst_length, a.mean_gap, d, rng), d, {}
-        case "ramp":
-            return arrivals.ramp(a.from_rate, a.to_rate, d, a.spacing, rng), d, {}
-        case "steps":
-            return arrivals.steps(a.rates, a.step, d, a.spacing, rng), d, {}
-        case "spike":
-            return arrivals.spike(a.base_rate, a.spike_rate, a.at, a.length, d, a.spacing, rng), d, {}
-        case "idle":
-            return np.empty(0, dtype=np.float64), d, {}
-        case "trace":
-            path = scenario.resolve_path(a.file)
-            trace = arrivals.read_trace(path, a.time_column)
-            offsets = arrivals.trace_offsets(trace, a.speedup, a.start, d)
-            if d is None:  # the phase lasts as long as the (sped-up) trace
-                d = float(offsets[-1]) + 1e-6 if len(offsets) else 0.0
-            lengths = {}
-            if (spec := a.lengths) is not None:
-                rows = arrivals.trace_rows(trace, a.speedup, a.start, d)  # the rows behind `offsets`, in order
-                for key, column, cap in (("prompt_tokens", spec.prompt_column, spec.max_prompt),
-                                         ("output_tokens", spec.output_column, spec.max_output)):
-                    if column is not None:
-                        values = arrivals.trace_lengths(trace, column, path)[rows]
-                        scaled = np.maximum(1, np.rint(values * spec.scale)) if spec.scale != 1 else values
-                        lengths[key] = np.where(values > 0, np.minimum(scaled, cap or np.iinfo(np.int32).max), 0).astype(np.int32)
-            return offsets, d, lengths
-    raise AssertionError(f"unhandled arrival type {a.type}")
-
-
 def build_plan(scenario: Scenario) -> Plan:
     """The whole run's schedule. Deterministic for a given scenario (seed included)."""
     seeds = seed_streams(scenario)
     chunks, phase_ids, phases, trace_lengths = [], [], [], []
     start = 0.0
     for i, phase in enumerate(scenario.phases):
-        offsets, duration, lengths = _phase_offsets(phase, scenario, np.random.default_rng(seeds[i]))
+        offsets, duration, lengths = arrivals.phase_offsets(phase.arrival, phase.duration,
+                                                            np.random.default_rng(seeds[i]), scenario.resolve_path)
         chunks.append(offsets + start)
         phase_ids.append(np.full(len(offsets), i, dtype=np.int16))
         phases.append(PhasePlan(phase.name, start, duration, phase.warmup))
@@ -137,8 +95,8 @@ def build_plan(scenario: Scenario) -> Plan:
     for c, wc in enumerate(classes):
         mine = np.flatnonzero(cls == c)
         prompt = wc.prompt_tokens
-        if prompt is None and wc.dataset is None and scenario.endpoint(c).protocol == "openai":
-            prompt_tokens[mine] = DEFAULT_PROMPT_TOKENS
+        if prompt is None and wc.dataset is None:  # the protocol's default prompt (openai), if it has one
+            prompt_tokens[mine] = PROTOCOLS[scenario.endpoint(c).protocol].default_prompt_tokens
         elif prompt is not None:
             prompt_tokens[mine] = draw_lengths(prompt, len(mine), rng, scenario)
         if wc.output_tokens is not None:
@@ -170,3 +128,12 @@ def after_idle(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     chosen = np.flatnonzero(after_idle_phase | (gaps >= IDLE_GAP_S))
     return chosen, gaps[chosen]
 
+
+def action_times(scenario: Scenario, plan: Plan | None = None) -> list[float]:
+    """Each action's planned time in seconds on the run clock (0 = the first intended send), in the
+    order of `scenario.actions`: `at`, or its phase's planned start plus `after`. `plan` saves building
+    the plan again (a trace phase's length is only known from it)."""
+    if not scenario.actions:
+        return []
+    starts = {p.name: p.start_s for p in (plan or build_plan(scenario)).phases}
+    return [a.at if a.at is not None else starts[a.when.phase] + a.when.after for a in scenario.actions]

@@ -66,16 +66,7 @@ _HALF_MAG = _PROBE.sub_bucket_half_count_magnitude  # 10
 _SUB_COUNT = _PROBE.sub_bucket_count  # 2048
 _SHIFT = _HALF_MAG + 1  # 11
 _COUNTS_LEN = _PROBE.counts_len  # 23552
-_COUNTS_BYTES = ctypes.sizeof(_PROBE.counts)
 del _PROBE
-
-
-def _index_of(value: int) -> int:
-    """Counts-array index of an in-range value (the formula Recorder.record inlines)."""
-    if value < _SUB_COUNT:
-        return value
-    b = value.bit_length() - _SHIFT
-    return (b << _HALF_MAG) + (value >> b)
 
 
 def _to_int(value) -> int:

@@ -1,16 +1,20 @@
-"""The two records that flow between the engine and the protocols.
+"""The records that flow out of a worker, in pipeline order.
 
 A `Request` is what the engine decides (when and what to send); an `Outcome` is what a protocol
 observed (when it went out, when it ended, how it went). Like vegeta's `Result`, nothing else crosses
 from the attack side to the recording side, so protocols never record and the engine never parses.
+
+An `IntervalReport` is what a worker measured in one reporting interval (intervals.py makes it from
+the outcomes); it crosses from the worker process to the run's parent (run/collector.py), pickled
+through a queue, with the other worker messages below. Times are perf_counter_ns (CLOCK_MONOTONIC:
+one clock for every process of the machine), durations µs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-# Error kinds, in the order summary.json lists them. Every failed request gets exactly one.
-ERROR_KINDS = ("connect", "timeout", "http_4xx", "http_5xx", "protocol")
+from latscope.recorder import Sparse
 
 
 @dataclass(slots=True)
@@ -29,7 +33,7 @@ class Outcome:
     sent_ns: int  # perf_counter_ns when the protocol began sending (before taking or opening a connection)
     end_ns: int  # perf_counter_ns when the whole response was read (or the failure was seen)
     status: int = 0  # HTTP status (0 when no response)
-    error: str | None = None  # one of ERROR_KINDS, None on success
+    error: str | None = None  # one of results.schema.ERROR_KINDS, None on success
     reason: str = ""  # human-readable detail for errors
     bytes_out: int = 0
     bytes_in: int = 0
@@ -44,3 +48,55 @@ class Outcome:
     decode_ns: int = 0
     server_timing: dict[str, float] | None = None  # Server-Timing durations (ms) by name
     replica: str | None = None  # the replica that answered (X-Replica-Id), when the server says
+
+
+@dataclass(slots=True)
+class Probe:
+    """The outcome of a request that came after an idle stretch (plan.after_idle), reported on its own."""
+
+    seq: int  # position in the planned schedule
+    end_ns: int
+    latency_us: int
+    error: str | None  # an error kind, None on success
+    replica: str | None
+
+
+@dataclass(slots=True)
+class IntervalReport:
+    """One worker's measurements of one interval, [k·interval_s, (k+1)·interval_s) on the run's clock.
+    Every worker sends one per interval, even an empty one, so interval k is complete once all have."""
+
+    interval: int  # k
+    histograms: dict[tuple[str, str, bool], Sparse]  # (metric, class name, warm-up) -> the non-zero counters recorded
+    clamped: dict[str, int]  # metric -> values clamped to the histogram's range
+    counters: dict[tuple[int, bool], list[int]]  # (class index, warm-up) -> results.schema.COUNTERS
+    in_flight: int  # requests in flight at the interval's end
+    replicas: dict[str, tuple[int, int | None]]  # replica id -> (end_ns, latency µs; None: an error) of its first response
+    probes: list[Probe]
+    first_ok: tuple[int, int] | None  # (end_ns, latency µs) of this worker's first successful response so far
+    worker: int = -1  # set by the worker process that sends it
+
+
+@dataclass(slots=True)
+class WorkerReady:
+    worker: int
+    planned: int  # requests of the plan this worker will send
+
+
+@dataclass(slots=True)
+class WorkerDone:
+    """A worker's last message, after its last IntervalReport."""
+
+    worker: int
+    not_sent: int  # planned requests it did not send (the run was stopped)
+    error_examples: dict[str, list[str]] = field(default_factory=dict)  # error kind -> distinct messages (a few)
+
+
+@dataclass(slots=True)
+class WorkerFailed:
+    worker: int
+    error: str  # the traceback
+
+
+WorkerMessage = IntervalReport | WorkerReady | WorkerDone | WorkerFailed
+

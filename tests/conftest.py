@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 import pytest
 from aiohttp import web
 
-from latscope.builtin_target import make_app
+from latscope.targets.echo import make_app
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -93,8 +93,8 @@ def scenario_dict(url: str, tmp_path: Path, phases: list[dict], **extra) -> dict
 
 @contextmanager
 def stream_target_process(ttft_ms: float, itl_ms: float, tokens: int) -> Iterator[str]:
-    """`python -m latscope.stream_target` as a real process on a free loopback port; yields its base URL."""
-    proc = subprocess.Popen([sys.executable, "-m", "latscope.stream_target", "--port", "0", "--ttft-ms", str(ttft_ms),
+    """`python -m latscope.targets.stream` as a real process on a free loopback port; yields its base URL."""
+    proc = subprocess.Popen([sys.executable, "-m", "latscope.targets.stream", "--port", "0", "--ttft-ms", str(ttft_ms),
                              "--itl-ms", str(itl_ms), "--tokens", str(tokens)], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()

@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from latscope.hlog import read_hlog
+from latscope.results.hlog import read_hlog
 from latscope.plan import build_plan
 from latscope.recorder import merge
-from latscope.results import read_events, read_timeseries
+from latscope.results import read_events
+from helpers import read_timeseries
 from latscope.run import run_scenario
 from latscope.scenario import scenario_from_dict
 
@@ -176,17 +177,90 @@ def test_latency_is_also_recorded_per_replica_under_a_tag_safe_class(tmp_path):
 
 
 def test_replica_ids_past_the_cap_share_one_class():
-    from latscope.engine import MAX_REPLICA_CLASSES, OTHER_REPLICAS, REPLICA_METRIC, Engine
+    from latscope.intervals import IntervalRecorder
     from latscope.records import Outcome, Request
+    from latscope.results.schema import MAX_REPLICA_CLASSES, OTHER_REPLICAS, REPLICA_METRIC
 
-    empty = np.zeros(0, np.int64)
-    engine = Engine(None, empty, empty, empty, empty.astype(bool), (empty, empty, empty), ["default"], [],
-                    t0_ns=0, interval_s=1.0, max_in_flight=1, overflow="queue", drain_timeout_s=1.0,
-                    report=lambda _: None, should_stop=lambda: False, precise_timer=False)
+    engine = IntervalRecorder(["default"])  # the engine's recording half
     for i in range(MAX_REPLICA_CLASSES + 6):  # a target that sends a fresh id on every response
-        engine._record(Request(i, 0, 0, False), Outcome(sent_ns=0, end_ns=5_000_000, status=200, replica=f"req {i}"))
+        engine.record(Request(i, 0, 0, False), Outcome(sent_ns=0, end_ns=5_000_000, status=200, replica=f"req {i}"))
     histograms, _ = engine.recorder.snapshot()
     classes = {cls for metric, cls, _ in histograms if metric == REPLICA_METRIC}
     assert len(classes) == MAX_REPLICA_CLASSES + 1 and "req_0" in classes and OTHER_REPLICAS in classes
     assert histograms[(REPLICA_METRIC, OTHER_REPLICAS, False)][1].sum() == 6
     assert len(engine.replicas_new) == MAX_REPLICA_CLASSES + 6  # every id is still reported first seen
+
+
+# -- the engine alone: a function for a target (protocols.callable.CallableClient), no sockets --------
+
+
+def _run_engine(handler, offsets_s: list[float], *, max_in_flight: int, overflow: str) -> tuple[dict, dict]:
+    """Run an Engine over `offsets_s` (one class, no warm-up) against `handler`; (merged sparse
+    histograms by metric, counters summed over the intervals)."""
+    import asyncio
+    import time
+
+    from latscope.engine import Engine
+    from latscope.protocols.callable import CallableClient
+    from latscope.results.schema import COUNTERS
+
+    reports = []
+
+    async def main() -> None:
+        n = len(offsets_s)
+        t0 = time.perf_counter_ns() + 20_000_000
+        ints = np.zeros(n, np.int64)
+        engine = Engine(CallableClient(handler), t0 + (np.asarray(offsets_s) * 1e9).astype(np.int64), np.arange(n),
+                        np.zeros(n, np.int16), np.zeros(n, bool), (ints, ints, ints), ["default"], [],
+                        t0_ns=t0, interval_s=0.1, max_in_flight=max_in_flight, overflow=overflow, drain_timeout_s=2.0,
+                        report=reports.append, should_stop=lambda: False, precise_timer=True)
+        assert await engine.run() == (0, {})
+
+    asyncio.run(main())
+    values: dict[str, list[int]] = {}
+    counters = np.zeros(len(COUNTERS), np.int64)
+    for report in reports:
+        for (metric, _, _), (indices, counts) in report.histograms.items():
+            values.setdefault(metric, []).extend(np.repeat(indices, counts.astype(np.int64)).tolist())
+        for row in report.counters.values():
+            counters += row
+    return {m: np.array(v) for m, v in values.items()}, dict(zip(COUNTERS, counters.tolist()))
+
+
+def _at_least_ms(indices: np.ndarray, ms: float) -> int:
+    """How many recorded values (counts-array indices, see recorder.bucket_indices) are >= ms."""
+    from latscope.recorder import bucket_indices
+
+    return int((indices >= bucket_indices(np.array([int(ms * 1000)]))[0]).sum())
+
+
+def test_a_stalled_request_makes_the_next_ones_wait_and_their_latency_counts_it():
+    """One slot (max_in_flight 1, overflow queue), a request every 20 ms, the first one stalls 150 ms,
+    the others take 1 ms. Requests 1..7 (intended at 20..140 ms) find the slot taken: each is counted
+    `late`, waits, and its latency runs from its intended time, so request k waits at least
+    150 − 20k ms (≥ 10 ms for k = 7) — while its service time is the 1 ms it took once sent. A
+    closed-loop tool would record 1 ms for all of them: coordinated omission."""
+    import asyncio
+
+    async def handler(request):
+        await asyncio.sleep(0.150 if request.seq == 0 else 0.001)
+
+    values, counters = _run_engine(handler, [0.020 * k for k in range(15)], max_in_flight=1, overflow="queue")
+    assert counters["sent"] == counters["completed"] == 15
+    assert counters["late"] >= 7
+    assert _at_least_ms(values["latency"], 10) >= 8  # request 0 and the 7 that waited for it
+    assert _at_least_ms(values["service_time"], 50) == 1  # only request 0 was slow once sent
+    assert _at_least_ms(values["send_lag"], 9) >= 7
+
+
+def test_overflow_drop_does_not_send_what_finds_no_slot():
+    """As above with `overflow: drop`: the 7 requests due while the first stalls are dropped, never
+    sent; the rest go on time (the stall ends 10 ms before the next is due)."""
+    import asyncio
+
+    async def handler(request):
+        await asyncio.sleep(0.150 if request.seq == 0 else 0.001)
+
+    values, counters = _run_engine(handler, [0.020 * k for k in range(15)], max_in_flight=1, overflow="drop")
+    assert counters["dropped"] == 7 and counters["sent"] == counters["completed"] == 8
+    assert len(values["latency"]) == 8 and _at_least_ms(values["send_lag"], 5) == 0

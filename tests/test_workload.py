@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from latscope.errors import ScenarioError
-from latscope.plan import DEFAULT_PROMPT_TOKENS, build_plan
+from latscope.plan import build_plan
+from latscope.scenario.protocols import DEFAULT_PROMPT_TOKENS
 from latscope.records import Request
 from latscope.scenario import scenario_from_dict
 from latscope.workload import VOCABULARY, Payloads, draw_lengths

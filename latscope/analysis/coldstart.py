@@ -53,7 +53,7 @@ import numpy as np
 
 from latscope.analysis.percentiles import interval_percentiles
 from latscope.analysis.run_data import ClassIntervals, RunData, metric_intervals
-from latscope.engine import OTHER_REPLICAS, REPLICA_METRIC, replica_class
+from latscope.results.schema import OTHER_REPLICAS, REPLICA_METRIC, replica_class
 from latscope.recorder import summarize
 
 FIRST_N = 20  # requests that count as "first" after a start

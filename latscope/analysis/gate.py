@@ -56,8 +56,8 @@ from latscope import results
 from latscope.analysis import run_data
 from latscope.analysis.quantile_ci import QuantileCI, RatioCI, quantile_ci, ratio_ci
 from latscope.analysis.verdicts import slo_verdicts
-from latscope.gate_file import GateFile, RegressionPolicy
-from latscope.scenario import Slo
+from latscope.scenario.gate_file import GateFile, RegressionPolicy
+from latscope.scenario.settings import Slo
 
 MIN_TAIL = 10  # values expected beyond a percentile, n·(1 − p), for it to be gated at all
 WIDE_FACTOR = 2.0  # default: inconclusive when the ratio's upper bound exceeds 1 + WIDE_FACTOR·τ (gate file: inconclusive_factor)

@@ -24,10 +24,10 @@ from hdrh.histogram import HdrHistogram
 
 from latscope import results
 from latscope.errors import ResultsError
-from latscope.hlog import read_sparse
 from latscope.recorder import bucket_bounds, from_sparse, new_histogram
+from latscope.results.hlog import read_sparse
+from latscope.results.schema import TELEMETRY_COLUMNS
 
-TELEMETRY_COLUMNS = ("t_s", "source", "device", "metric", "value")
 
 _LAYOUT = new_histogram()  # our histograms' layout, and a helper for index -> value lookups
 _COUNTS_LEN = _LAYOUT.counts_len
@@ -137,28 +137,34 @@ class RunData:
         return out
 
 
-def load_run(path: str | Path) -> RunData:
+def load_run(path: str | Path, summary: dict | None = None) -> RunData:
     """Everything but the histograms of the results directory at `path`. ResultsError (a
     LatscopeError) naming the directory and the file when it is not a results directory or a file
     is unreadable; a missing optional file (timeseries.parquet, telemetry.parquet, events.jsonl)
-    gives an empty one."""
+    gives an empty one. `summary`: the run's summary when summary.json is not written yet (a run
+    analyses its own cold starts before writing it)."""
     path = Path(path)
     if not path.is_dir():
         raise ResultsError(f"{path}: not a results directory (no such directory)")
-    summary_path = path / results.SUMMARY
-    if not summary_path.is_file():
-        raise ResultsError(f"{path}: not a results directory ({results.SUMMARY} is missing)")
-    try:
-        summary = json.loads(summary_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ResultsError(f"{summary_path}: unreadable ({exc})") from None
-    if not isinstance(summary, dict) or "schema_version" not in summary:
-        raise ResultsError(f"{summary_path}: not a latscope summary (no schema_version)")
-    if summary["schema_version"] > results.SCHEMA_VERSION:
-        raise ResultsError(f"{summary_path}: schema_version {summary['schema_version']} is newer than this "
-                           f"latscope reads ({results.SCHEMA_VERSION}); upgrade latscope")
+    if summary is None:
+        summary = _summary(path / results.SUMMARY)
     return RunData(path, summary, _events(path / results.EVENTS), _timeseries(path / results.TIMESERIES),
                    _telemetry(path / results.TELEMETRY))
+
+
+def _summary(path: Path) -> dict:
+    if not path.is_file():
+        raise ResultsError(f"{path.parent}: not a results directory ({results.SUMMARY} is missing)")
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ResultsError(f"{path}: unreadable ({exc})") from None
+    if not isinstance(summary, dict) or "schema_version" not in summary:
+        raise ResultsError(f"{path}: not a latscope summary (no schema_version)")
+    if summary["schema_version"] > results.SCHEMA_VERSION:
+        raise ResultsError(f"{path}: schema_version {summary['schema_version']} is newer than this "
+                           f"latscope reads ({results.SCHEMA_VERSION}); upgrade latscope")
+    return summary
 
 
 def _events(path: Path) -> list[dict]:

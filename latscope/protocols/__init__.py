@@ -13,16 +13,23 @@ returns an `Outcome`; it never records anything.
 | `kserve-v2` | kserve.py | KServe v2 / Open Inference Protocol over HTTP, JSON or binary tensors |
 | `kserve-v2-grpc` | kserve_grpc.py | the same over gRPC (Triton's protocol too) |
 
+Which client speaks a protocol, and everything the scenario checks about it (URL schemes, default
+path and method, model and tensors required), is one row of latscope.scenario.protocols.PROTOCOLS: a
+new protocol is a module here plus a row there. A client class is constructed as
+`Client(scenario, classes)`, or `Client(scenario, classes, payloads)` when its row says `payloads`.
+
 Classes may override the target's protocol and URL, so one run can compare JSON, binary and gRPC:
 `make_client` gives each (protocol, URL) its own client and routes every request by class.
 """
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import Protocol
 
 from latscope.records import Outcome, Request
-from latscope.scenario import Scenario
+from latscope.scenario import PROTOCOLS, Scenario
+from latscope.workload import Payloads
 
 
 class Client(Protocol):
@@ -52,37 +59,23 @@ class _Routed:
             await client.close()
 
 
-def _client(scenario: Scenario, protocol: str, classes: list[int], max_connections: int, payloads) -> Client:
-    if protocol == "http":
-        from latscope.protocols.http import HttpClient
-
-        return HttpClient(scenario, classes, max_connections)
-    if protocol == "openai":
-        from latscope.protocols.openai import OpenAIClient
-
-        return OpenAIClient(scenario, classes, max_connections, payloads)
-    if protocol == "kserve-v2":
-        from latscope.protocols.kserve import KServeClient
-
-        return KServeClient(scenario, classes, max_connections, payloads)
-    if protocol == "kserve-v2-grpc":
-        from latscope.protocols.kserve_grpc import KServeGrpcClient
-
-        return KServeGrpcClient(scenario, classes, max_connections, payloads)
-    raise ValueError(f"unknown protocol {protocol!r}")
+def client_class(protocol: str) -> type:
+    """The client class of `protocol` (its row's `client`, "module:Class" in this package), imported
+    here: a worker imports only the clients it speaks (gRPC's, for one, is heavy)."""
+    module, name = PROTOCOLS[protocol].client.split(":")
+    return getattr(import_module(f"latscope.protocols.{module}"), name)
 
 
-def make_client(scenario: Scenario, max_connections: int) -> Client:
+def make_client(scenario: Scenario) -> Client:
     """The client for the scenario's classes: one per distinct (protocol, URL), routed by class."""
-    from latscope.workload import Payloads
-
     n = len(scenario.workload.effective_classes())
     groups: dict[tuple[str, str], list[int]] = {}
     for c in range(n):
         endpoint = scenario.endpoint(c)
         groups.setdefault((endpoint.protocol, endpoint.url), []).append(c)
-    payloads = Payloads(scenario) if any(protocol != "http" for protocol, _ in groups) else None
-    clients = {key: _client(scenario, key[0], classes, max_connections, payloads) for key, classes in groups.items()}
+    payloads = Payloads(scenario) if any(PROTOCOLS[protocol].payloads for protocol, _ in groups) else None
+    clients = {(protocol, url): client_class(protocol)(scenario, classes, *([payloads] if PROTOCOLS[protocol].payloads else []))
+               for (protocol, url), classes in groups.items()}
     if len(clients) == 1:
         return next(iter(clients.values()))
     by_class: list[Client] = [None] * n  # type: ignore[list-item]

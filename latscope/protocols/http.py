@@ -56,7 +56,7 @@ def prepare_requests(scenario: Scenario) -> list[PreparedRequest]:
 
 
 class Failure(Exception):
-    """A request failed: `kind` is one of records.ERROR_KINDS."""
+    """A request failed: `kind` is one of results.schema.ERROR_KINDS."""
 
     def __init__(self, kind: str, reason: str):
         super().__init__(reason)
@@ -303,7 +303,7 @@ def http_error(outcome: Outcome, response: Response, body: bytes | None = None) 
 class HttpClient:
     """Generic HTTP: each class's request is prepared once; the response body is counted, not parsed."""
 
-    def __init__(self, scenario: Scenario, classes: list[int], max_connections: int):
+    def __init__(self, scenario: Scenario, classes: list[int]):
         self._pool = HttpPool(scenario.endpoint(classes[0]).url, scenario.target.timeout)
         prepared = prepare_requests(scenario)
         self._prepared = {c: prepared[c] for c in classes}

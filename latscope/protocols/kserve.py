@@ -37,7 +37,7 @@ import numpy as np
 from latscope.protocols.http import Failure, HttpPool, http_error, request_prefix, with_server_headers
 from latscope.records import Outcome, Request
 from latscope.scenario import Scenario
-from latscope.workload import DTYPES, Tensor
+from latscope.workload import DTYPES, Payloads, Tensor
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 JSON_TYPE = "application/json"
@@ -273,7 +273,7 @@ class KServeClient:
     """KServe v2 REST for the classes that share one URL (one keep-alive pool); each class has its own
     path (model, version), headers, encoding and outputs."""
 
-    def __init__(self, scenario: Scenario, classes: list[int], max_connections: int, payloads):
+    def __init__(self, scenario: Scenario, classes: list[int], payloads: Payloads):
         self._pool = HttpPool(scenario.endpoint(classes[0]).url, scenario.endpoint(classes[0]).timeout)
         self._payloads = payloads
         self._plans: dict[int, _ClassPlan] = {}

@@ -43,7 +43,7 @@ from latscope.protocols.kserve import (
 from latscope.protocols.server_timing import parse_server_timing
 from latscope.records import Outcome, Request
 from latscope.scenario import Scenario
-from latscope.workload import Tensor
+from latscope.workload import Payloads, Tensor
 from reference_server import proto
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -157,10 +157,10 @@ def _target(url: str) -> tuple[str, bool]:
 
 class KServeGrpcClient:
     """KServe v2 gRPC for the classes that share one URL (one channel); each class has its own model,
-    version, outputs and metadata. `max_connections` is not used: the channel multiplexes every call
-    over one HTTP/2 connection (the engine caps the calls in flight)."""
+    version, outputs and metadata. The channel multiplexes every call over one HTTP/2 connection
+    (the engine caps the calls in flight)."""
 
-    def __init__(self, scenario: Scenario, classes: list[int], max_connections: int, payloads):
+    def __init__(self, scenario: Scenario, classes: list[int], payloads: Payloads):
         first = scenario.endpoint(classes[0])
         self._target, self._tls = _target(first.url)
         self._payloads = payloads

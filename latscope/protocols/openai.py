@@ -32,6 +32,7 @@ from latscope.protocols.http import Failure, HttpPool, Response, http_error, req
 from latscope.protocols.sse import SseParser
 from latscope.records import Outcome, Request
 from latscope.scenario import Endpoint, Scenario
+from latscope.workload import Payloads
 
 _loads = json.loads
 _scan = json.JSONDecoder().scan_once  # json.loads minus its two whitespace regex matches: ~1/3 faster
@@ -194,7 +195,7 @@ def _class_request(endpoint: Endpoint) -> _ClassRequest:
 class OpenAIClient:
     """OpenAI-compatible requests for some workload classes of one (protocol, URL)."""
 
-    def __init__(self, scenario: Scenario, classes: list[int], max_connections: int, payloads) -> None:
+    def __init__(self, scenario: Scenario, classes: list[int], payloads: Payloads) -> None:
         self._pool = HttpPool(scenario.endpoint(classes[0]).url, scenario.target.timeout)
         self._payloads = payloads
         self._classes = {c: _class_request(scenario.endpoint(c)) for c in classes}

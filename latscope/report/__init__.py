@@ -1,15 +1,15 @@
-"""Reports over a results directory: the HTML page (html.py, figures.py), the run-vs-run page
-(compare.py) and the Markdown summary (markdown.py). They draw what latscope.analysis computes."""
+"""Reports over a results directory: the HTML page (html.py: tables and the page), its panels
+(panels.py: the one list of panels, read by both pages; figures.py: one plotly figure per panel), the
+run-vs-run page (compare.py), the Markdown summary (markdown.py), the gate's outputs (gate_output.py),
+and what they share: escaping (escape.py) and events in words (words.py, the terminal's too). They
+draw what latscope.analysis computes; they compute no statistic of their own."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from latscope.analysis.run_data import load_run
-from latscope.results import write_text
-
-REPORT = "report.html"
-SUMMARY_MD = "summary.md"
+from latscope.results import REPORT, SUMMARY_MD, write_text
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None, cdn: bool = False) -> tuple[Path, Path]:

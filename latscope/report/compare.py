@@ -1,7 +1,8 @@
-"""The run-vs-run page: every panel of the single-run report with both runs — overlaid where they
-share axes (base dashed, new solid), side by side where they do not (cold starts: one bar group and
-one block of table rows per run) — each run's validity stamp by its name, and a table of percentile
-deltas for every metric × class of either run (computed by latscope.analysis.compare)."""
+"""The run-vs-run page: every panel of the single-run report (report/panels.py's PANELS, each built
+with a base run) with both runs — overlaid where they share axes (base dashed, new solid), side by
+side where they do not (cold starts: one bar group and one block of table rows per run) — each
+run's validity stamp by its name, and a table of percentile deltas for every metric × class of
+either run (computed by latscope.analysis.compare)."""
 
 from __future__ import annotations
 
@@ -9,28 +10,19 @@ import math
 
 import pandas as pd
 
-from latscope.analysis import correlation, percentiles, serialization
 from latscope.analysis import compare as compare_analysis
 from latscope.analysis.run_data import RunData
 from latscope.report import figures
-from latscope.report.html import METRIC_LABELS, coldstart_panel, esc, fmt_ms, generator_lags, headline, metadata_table, page, safe_panel
+from latscope.report.escape import esc_html
+from latscope.report.html import fmt_ms, headline, metadata_table, page, safe_panel
 from latscope.report.markdown import md
+from latscope.report.panels import PANELS
+from latscope.results.schema import METRIC_GROUPS, OTHER_GROUP, metric_label
 
 # A change smaller than this (relative) is shown uncoloured: within run-to-run noise for most setups.
 NOTABLE_PCT = 5.0
 DELTA_STATS = (("p50_ms", "p50"), ("p90_ms", "p90"), ("p99_ms", "p99"), ("p99.9_ms", "p99.9"), ("max_ms", "max"),
                ("mean_ms", "mean"))
-# The delta table's sections, in order: what the user waited for first, then where that time went,
-# then the generator's own health. "server.*" stands for every Server-Timing part (by name); a
-# metric in none of these goes to a last "other" section.
-METRIC_GROUPS = (
-    ("Latency", ("latency", "service_time")),
-    ("Streaming", ("ttft", "itl", "tpot")),
-    ("Where the time goes (means add up; see Serialization)", ("encode", "network", "server.*", "decode")),
-    ("Per replica (class = replica id)", ("replica_latency",)),
-    ("Load generator health (should stay near zero)", ("send_lag", "loop_lag")),
-)
-OTHER_GROUP = "Other"
 
 
 def _pct(value: object) -> str:
@@ -68,7 +60,8 @@ def _group_name(metric: str) -> str:
 
 
 def _ordered(deltas: pd.DataFrame) -> list[tuple[str, str]]:
-    """Every (metric, class) of the deltas, in METRIC_GROUPS order; class "all" first within a metric."""
+    """Every (metric, class) of the deltas, in METRIC_GROUPS order (the delta table's sections, in
+    reading order; a metric in none of them goes to a last OTHER_GROUP); class "all" first within a metric."""
     pairs = list(dict.fromkeys(zip(deltas["metric"], deltas["class"])))
     return sorted(pairs, key=lambda p: (_metric_rank(p[0]), p[1] != "all", p[1]))
 
@@ -85,7 +78,7 @@ def _only_in(index: dict, metric: str, cls: str) -> tuple[str, str] | None:
 
 
 def _label(metric: str) -> str:
-    return METRIC_LABELS.get(metric, metric)
+    return metric_label(metric)
 
 
 def delta_table(deltas: pd.DataFrame) -> str:
@@ -96,14 +89,14 @@ def delta_table(deltas: pd.DataFrame) -> str:
     for metric, cls in _ordered(deltas):
         if _group_name(metric) != group:
             group = _group_name(metric)
-            rows.append(f"<tr class=\"group\"><th colspan=\"{2 + len(DELTA_STATS)}\">{esc(group)}</th></tr>")
+            rows.append(f"<tr class=\"group\"><th colspan=\"{2 + len(DELTA_STATS)}\">{esc_html(group)}</th></tr>")
         only = _only_in(index, metric, cls)
         if only:
             cells = f"<td class=\"only\" colspan=\"{len(DELTA_STATS)}\"><i>only in the {only[0]} run:</i> {only[1]}</td>"
         else:
             cells = "".join(_delta_cell(index.get((metric, cls, stat))) for stat, _ in DELTA_STATS)
         strong = " class=\"total\"" if cls == "all" else ""
-        rows.append(f"<tr{strong}><td>{esc(_label(metric))}</td><td>{esc(cls)}</td>{cells}</tr>")
+        rows.append(f"<tr{strong}><td>{esc_html(_label(metric))}</td><td>{esc_html(cls)}</td>{cells}</tr>")
     head = "".join(f"<th class=\"n\">{label} ms</th>" for _, label in DELTA_STATS)
     return ("<p class=\"note\">Each cell: base → new, and the change relative to base; – where a run lacks the metric or class. "
             f"Red: more than {NOTABLE_PCT:g}% slower; green: more than {NOTABLE_PCT:g}% faster. Every metric in either "
@@ -146,74 +139,15 @@ def _weaker_html(base: dict, new: dict) -> str:
     reasons = weaker_reasons(base, new)
     if not reasons:
         return ""
-    return ("<p class=\"warning\"><b>This comparison is weaker:</b> " + esc("; ".join(reasons)) + ". Where a run's "
+    return ("<p class=\"warning\"><b>This comparison is weaker:</b> " + esc_html("; ".join(reasons)) + ". Where a run's "
             "generator fell behind, the load it offered was not the planned one, so a difference between the runs may come "
             "from the load generator rather than the target. See Generator health below.</p>")
 
 
 def _run_line(which: str, run: RunData) -> str:
     s = run.summary
-    return (f"<div class=\"run\"><b>{which}</b> {esc(run.path.name)} · scenario {esc(s.get('scenario', '?'))} · started "
-            f"{esc(s.get('started_at', ''))} {figures.validity_stamp(s)}</div>")
-
-
-def compare_panels(base: RunData, new: RunData) -> list:
-    """The single-run report's panels, each with both runs: overlaid where they share axes (base
-    dashed, new solid), side by side where they do not (the cold-start table)."""
-    bs, ns = base.summary, new.summary
-
-    def streaming():
-        metrics = [m for m, _ in figures.STREAMING_METRICS]
-        return figures.streaming_panel(
-            {m: percentiles.spectrum(new, m) for m in metrics if m in ns.get("metrics", {})},
-            compare_with={m: percentiles.spectrum(base, m) for m in metrics if m in bs.get("metrics", {})})
-
-    def gpu():
-        panel = figures.gpu_panel(new.telemetry, ns, new.events, base_telemetry=base.telemetry, base_summary=bs)
-        if panel.figure is not None:
-            tables = [(which, figures.correlation_table(correlation.correlations(run))) for which, run in (("base", base), ("new", new))]
-            if any(table for _, table in tables):
-                panel.html = "<div class=\"grid\">" + "".join(
-                    f"<div><h3>{which} run</h3>{table or '<p>No telemetry series to correlate.</p>'}</div>" for which, table in tables) + "</div>"
-        return panel
-
-    def generator():
-        (send, loop), (base_send, base_loop) = generator_lags(new), generator_lags(base)
-        return figures.generator_panel(send, loop, ns, new.telemetry, base_send_lag=base_send, base_loop_lag=base_loop,
-                                       base_summary=bs, base_telemetry=base.telemetry)
-
-    def parts():
-        both = [(df, which) for df, which in ((serialization.breakdown(base), "base"), (serialization.breakdown(new), "new"))
-                if not df.empty]
-        if not both:
-            return figures.serialization_panel(pd.DataFrame())
-        frame = pd.concat([df.assign(run=which) for df, which in both], ignore_index=True)
-        order = {c: i for i, c in enumerate(dict.fromkeys(frame["class"]))}
-        frame = frame.sort_values(["class", "run"], key=lambda col: col.map(order) if col.name == "class" else col, kind="stable")
-        frame["class"] = frame["class"] + " · " + frame["run"]
-        panel = figures.serialization_panel(frame.drop(columns="run"))
-        panel.title = "Serialization: where a request's time goes, base vs new"
-        if len(both) == 1:
-            missing = "new" if both[0][1] == "base" else "base"
-            panel.note += f" The {missing} run recorded no encode/decode or Server-Timing parts, so only the {both[0][1]} run's bars are here."
-        return panel
-
-    builders = [
-        ("spectrum", "Latency percentile spectrum",
-         lambda: figures.spectrum_panel(percentiles.spectrum(new), base_spectra=percentiles.spectrum(base))),
-        ("latency-time", "Latency over time",
-         lambda: figures.latency_time_panel({"all": percentiles.interval_percentiles(new)}, ns, new.events,
-                                            base_by_class={"all": percentiles.interval_percentiles(base)}, base_summary=bs)),
-        ("load-time", "Load",
-         lambda: figures.load_time_panel(percentiles.interval_percentiles(new), ns, new.events,
-                                         base_overall=percentiles.interval_percentiles(base), base_summary=bs)),
-        ("streaming", "Streaming", streaming),
-        ("gpu", "GPU lanes", gpu),
-        ("coldstart", "Cold starts", lambda: coldstart_panel(new, base)),
-        ("serialization", "Serialization", parts),
-        ("generator", "Generator health", generator),
-    ]
-    return [safe_panel(build, pid, title) for pid, title, build in builders]
+    return (f"<div class=\"run\"><b>{which}</b> {esc_html(run.path.name)} · scenario {esc_html(s.get('scenario', '?'))} · started "
+            f"{esc_html(s.get('started_at', ''))} {figures.validity_stamp(s)}</div>")
 
 
 def compare_html(base: RunData, new: RunData, cdn: bool = False) -> tuple[str, pd.DataFrame]:
@@ -221,17 +155,18 @@ def compare_html(base: RunData, new: RunData, cdn: bool = False) -> tuple[str, p
     deltas = compare_analysis.percentile_deltas(base, new)
     bs, ns = base.summary, new.summary
     line = compare_headline(bs, ns)
-    header = (f"<h1>latscope compare</h1><div class=\"headline\">{esc(line)}</div>"
+    header = (f"<h1>latscope compare</h1><div class=\"headline\">{esc_html(line)}</div>"
               f"{_run_line('base', base)}{_run_line('new', new)}{_weaker_html(bs, ns)}")
     body = [
         "<div class=\"grid\">"
-        f"<section><h2>Base: {esc(base.path.name)}</h2><p>{esc(headline(bs))}</p></section>"
-        f"<section><h2>New: {esc(new.path.name)}</h2><p>{esc(headline(ns))}</p></section></div>",
+        f"<section><h2>Base: {esc_html(base.path.name)}</h2><p>{esc_html(headline(bs))}</p></section>"
+        f"<section><h2>New: {esc_html(new.path.name)}</h2><p>{esc_html(headline(ns))}</p></section></div>",
         f"<section id=\"deltas\"><h2>Percentile deltas (outside warm-up)</h2>{delta_table(deltas)}</section>",
     ]
     tail = [f"<div class=\"grid\"><section><h2>Base run</h2>{metadata_table(base)}</section>"
             f"<section><h2>New run</h2>{metadata_table(new)}</section></div>"]
-    return page(f"latscope compare · {esc(line)}", header, body, compare_panels(base, new), tail, cdn), deltas
+    panels = [safe_panel(lambda spec=spec: spec.build(new, base), spec.id, spec.compare_title or spec.title) for spec in PANELS]
+    return page(f"latscope compare · {esc_html(line)}", header, body, panels, tail, cdn), deltas
 
 
 def compare_markdown(base: RunData, new: RunData, deltas: pd.DataFrame) -> str:

@@ -6,14 +6,17 @@ comes back as a `Panel` with no figure and a one-line `note` saying why, so the 
 instead of drawing an empty plot.
 
 Every string that came from a scenario or a target (class, phase and replica names, error
-messages) goes through `esc` before it reaches plotly: plotly renders a subset of HTML tags in
-titles, legends, annotations and hover labels, and decodes entities, so escaped text displays as
-written and never as markup.
+messages) goes through `esc_label` (report/escape.py) before it reaches plotly: plotly renders a
+subset of HTML tags in titles, legends, annotations and hover labels, and decodes entities, so
+escaped text displays as written and never as markup. Where such text lands in this module's own
+HTML (tables, the cold-start list, validity reasons) it is HTML text, never an attribute value, so
+`esc_label` is enough there too; the one attribute value, the validity badge's class, goes through
+`esc_html`. The event labels on the time plots come from report/words.py's `event_label`, escaped
+there with `esc_label`.
 """
 
 from __future__ import annotations
 
-import html
 import math
 from dataclasses import dataclass
 
@@ -22,8 +25,9 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from latscope.analysis import coldstart
-from latscope.telemetry import METRICS as TELEMETRY_METRICS
+from latscope.report.escape import esc_html, esc_label
+from latscope.report.words import event_label
+from latscope.results.schema import TELEMETRY_METRICS
 
 # Figure geometry shared by every time-axis panel, so their x axes line up down the page.
 MARGIN = dict(l=80, r=40, t=50, b=50)
@@ -38,13 +42,6 @@ MAX_EVENT_LINES = 25
 STREAMING_METRICS = (("ttft", "time to first token"), ("itl", "inter-token latency"), ("tpot", "time per output token"))
 # GPU lanes, in page order; mem_util_pct stands in for mem_bw_util_pct only when the latter is absent.
 GPU_LANES = ("gpu_util_pct", "mem_bw_util_pct", "mem_util_pct", "sm_active_pct", "mem_used_bytes", "power_w")
-
-
-def esc(value: object) -> str:
-    """Text from a scenario or a target, safe in plotly labels and in HTML text (not in attribute
-    values). Quotes are left as they are: plotly decodes &lt; &gt; &amp; but shows &quot; literally,
-    and without a '<' no tag can start."""
-    return html.escape(str(value), quote=False)
 
 
 @dataclass
@@ -70,7 +67,7 @@ def log_ticks(values) -> dict:
     return dict(tickvals=ticks, ticktext=[f"{t:,.0f}" if t >= 1 else f"{t:g}" for t in ticks])
 
 
-def _layout(fig: go.Figure, height: int, **kwargs) -> go.Figure:
+def apply_layout(fig: go.Figure, height: int, **kwargs) -> go.Figure:
     settings = dict(height=height, margin=MARGIN, template="plotly_white", hovermode="x unified",
                     legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0))
     fig.update_layout(**{**settings, **kwargs})
@@ -114,10 +111,10 @@ def _add_spectrum(fig: go.Figure, spectra: dict[str, pd.DataFrame], row: int | N
         labels = [_percentile_label(p) for p in df["percentile"]]
         color = (colors or {}).get(cls, COLORS[i % len(COLORS)])
         trace = go.Scatter(
-            x=x, y=df["value_ms"].to_numpy(float), mode="lines+markers", name=esc(cls) + suffix,
+            x=x, y=df["value_ms"].to_numpy(float), mode="lines+markers", name=esc_label(cls) + suffix,
             line=dict(color=color, width=3 if cls == "all" else 1.8, dash=dash), marker=dict(size=5),
             customdata=labels, hovertemplate="%{customdata}: %{y:.3f} ms",
-            legendgroup=esc(cls), showlegend=show_legend,
+            legendgroup=esc_label(cls), showlegend=show_legend,
         )
         fig.add_trace(trace, row=row, col=col) if row else fig.add_trace(trace)
     return xmax
@@ -157,7 +154,7 @@ def spectrum_panel(spectra: dict[str, pd.DataFrame], base_spectra: dict[str, pd.
     for frames, dash, suffix in _sides(spectra, base_spectra, compare):
         xmax = max(xmax, _add_spectrum(fig, frames, dash=dash, suffix=suffix, colors=colors))
     _spectrum_axes(fig, xmax, _values(spectra, base_spectra or {}), "latency (ms)")
-    panel.figure = _layout(fig, 440 if compare else 420, hovermode="closest")
+    panel.figure = apply_layout(fig, 440 if compare else 420, hovermode="closest")
     panel.note = ("Latency at each percentile, whole run without warm-up, per request class. The x axis "
                   "stretches the tail: each step right is ten times rarer (99% = 1 request in 100, 99.9% = 1 in 1,000). "
                   "The last point of each line is the slowest request."
@@ -188,7 +185,7 @@ def streaming_panel(spectra_by_metric: dict[str, dict[str, pd.DataFrame]], compa
         _spectrum_axes(fig, xmax, _values(spectra_by_metric.get(metric, {}), (compare_with or {}).get(metric, {})),
                        f"{metric.upper()} (ms)", row=1, col=i)
     fig.update_xaxes(title_text="percentile")
-    panel.figure = _layout(fig, 420, hovermode="closest", margin={**MARGIN, "t": 90},
+    panel.figure = apply_layout(fig, 420, hovermode="closest", margin={**MARGIN, "t": 90},
                            legend=dict(orientation="h", yanchor="bottom", y=1.12, xanchor="left", x=0))
     panel.note = ("Per class, whole run without warm-up, on the same percentile axis as the latency spectrum. TTFT runs from "
                   "the request's intended send time; ITL is every gap between streamed chunks; TPOT is (end − first token) / (tokens − 1).")
@@ -224,23 +221,15 @@ def add_phases_and_events(fig: go.Figure, summary: dict, events: list[dict], lab
         # next one's (a 1-minute warm-up in a 1-hour run): it stays unlabelled; the note says grey is warm-up.
         if label_phases and (end - start) / total >= 0.07:
             wide = (end - start) / total > 0.25
-            text = esc(phase["name"]) + (" (warm-up, not counted)" if warm and wide else " (warm-up)" if warm else "")
+            text = esc_label(phase["name"]) + (" (warm-up, not counted)" if warm and wide else " (warm-up)" if warm else "")
             annotations.append(dict(x=start, y=1, xref="x", yref="paper", text=text, showarrow=False, xanchor="left",
                                     yanchor="top", font=dict(size=10, color="#555"), bgcolor="rgba(255,255,255,0.6)"))
     shown = [e for e in events if e.get("t_s") is not None and e.get("event") not in QUIET_EVENTS]
     failed = {e.get("name") for e in events if e.get("event") == "action_end" and not e.get("ok", True)}
     for e in shown[:MAX_EVENT_LINES]:
         kind = e["event"]
-        action_failed = kind == "action_start" and e.get("name") in failed
-        if kind == "action_start":  # scenario actions (actions.py): named, red when they failed
-            text = esc(f"{e.get('name', '?')} ({e.get('kind', 'action')}{', failed' if action_failed else ''})")[:80]
-        elif kind == "replica_first_seen":
-            text = f"new replica {esc(e.get('replica', '?'))}"
-        elif kind == "abort":
-            text = f"run stopped: {esc(e.get('reason', ''))[:80]}"
-        else:
-            detail = e.get("replica") or e.get("action") or e.get("reason") or ""
-            text = esc(kind.replace("_", " ") + (f" {detail}" if detail else ""))[:80]
+        action_failed = kind == "action_start" and e.get("name") in failed  # scenario actions: red when they failed
+        text = event_label(e, action_failed)  # escaped (esc_label) and cut at 80 characters
         color = "#d62728" if kind == "abort" or action_failed else "#2ca02c" if kind == "action_start" else "#7f7f7f"
         shapes.append(dict(type="line", xref="x", yref="paper", x0=e["t_s"], x1=e["t_s"], y0=0, y1=1,
                            line=dict(color=color, width=1, dash="dot")))
@@ -282,9 +271,9 @@ def latency_time_panel(by_class: dict[str, pd.DataFrame], summary: dict, events:
         interval = summary.get("generator", {}).get("interval_s") or 1.0
         for i, cls in enumerate(classes):
             df = by_class[cls]
-            fig.add_trace(go.Scatter(x=_time_x(df, interval), y=f32(df["p99_ms"]), name=f"p99 {esc(cls)}", mode="lines",
+            fig.add_trace(go.Scatter(x=_time_x(df, interval), y=f32(df["p99_ms"]), name=f"p99 {esc_label(cls)}", mode="lines",
                                      line=dict(color=COLORS[(i + 4) % len(COLORS)], width=1.2, dash="dot"),
-                                     hovertemplate=f"p99 {esc(cls)} %{{y:.2f}} ms", visible="legendonly" if len(classes) > 4 else True))
+                                     hovertemplate=f"p99 {esc_label(cls)} %{{y:.2f}} ms", visible="legendonly" if len(classes) > 4 else True))
     add_phases_and_events(fig, summary, events)
     values = np.concatenate([overall[["p50_ms", "p99.9_ms"]].to_numpy(float).ravel() for overall, *_ in sides])
     values = values[np.isfinite(values) & (values > 0)]
@@ -293,7 +282,7 @@ def latency_time_panel(by_class: dict[str, pd.DataFrame], summary: dict, events:
     else:
         fig.update_yaxes(title_text="latency per interval (ms)", rangemode="tozero")
     fig.update_xaxes(title_text=TIME_AXIS, range=_time_range(summary, base_summary))
-    panel.figure = _layout(fig, 400)
+    panel.figure = apply_layout(fig, 400)
     interval = summary.get("generator", {}).get("interval_s") or 1.0
     panel.note = (f"Percentiles of the requests that completed in each {interval:g} s interval, measured from each "
                   "request's intended send time. Shaded bands are the scenario's phases (grey: warm-up, not counted in the "
@@ -340,7 +329,7 @@ def load_time_panel(overall: pd.DataFrame, summary: dict, events: list[dict], ba
         fig.update_yaxes(title_text="errors/s", rangemode="tozero", row=3, col=1)
     fig.update_xaxes(range=_time_range(summary, base_summary))
     fig.update_xaxes(title_text=TIME_AXIS, row=rows, col=1)
-    panel.figure = _layout(fig, 520 if has_errors else 440)
+    panel.figure = apply_layout(fig, 520 if has_errors else 440)
     panel.note = ("Offered is what the schedule asked for in each interval (open loop: it never waits for the server); "
                   "achieved is what completed. A gap between them, with in-flight requests piling up, is the server falling behind."
                   + ("" if has_errors else " No request failed." if not compare else " Neither run had a failed request.")
@@ -358,14 +347,14 @@ VERDICTS = {"valid": "the generator kept to the schedule: these numbers describe
 def validity_stamp(summary: dict) -> str:
     """The run's validity as a coloured badge (trusted HTML; the value itself is escaped)."""
     stamp = summary.get("validity", "unknown")
-    return f'<span class="stamp {html.escape(str(stamp), quote=True)}">measurement {esc(stamp)}</span>'
+    return f'<span class="stamp {esc_html(stamp)}">measurement {esc_label(stamp)}</span>'
 
 
 def _validity_lead(summary: dict, who: str = "") -> str:
     reasons = summary.get("validity_reasons") or []
     verdict = VERDICTS.get(summary.get("validity", "unknown"), "")
     return (f"<p>{who}{validity_stamp(summary)} — {verdict}</p>"
-            + ("<ul>" + "".join(f"<li>{esc(r)}</li>" for r in reasons) + "</ul>" if reasons else ""))
+            + ("<ul>" + "".join(f"<li>{esc_label(r)}</li>" for r in reasons) + "</ul>" if reasons else ""))
 
 
 def _host_cpu(telemetry: pd.DataFrame | None) -> pd.DataFrame:
@@ -415,7 +404,7 @@ def generator_panel(send_lag: pd.DataFrame | None, loop_lag: pd.DataFrame | None
                                      visible="legendonly" if compare else True, hovertemplate=f"{worst}{suffix} %{{y:.3f}} ms"),
                           row=1, col=1)
         for device, df in (cpu.groupby("device", sort=True) if not cpu.empty else ()):
-            name = ("CPU whole machine" if device == "system" else f"CPU {esc(device)}") + suffix
+            name = ("CPU whole machine" if device == "system" else f"CPU {esc_label(device)}") + suffix
             fig.add_trace(go.Scatter(x=f32(df["t_s"]), y=f32(df["value"]), name=name, mode="lines",
                                      line=dict(color=cpu_colors[device], width=1.2, dash=dash), hovertemplate=f"{name} %{{y:.0f}}%"),
                           row=rows, col=1)
@@ -426,7 +415,7 @@ def generator_panel(send_lag: pd.DataFrame | None, loop_lag: pd.DataFrame | None
     add_phases_and_events(fig, summary, [])
     fig.update_xaxes(range=_time_range(summary, base_summary))
     fig.update_xaxes(title_text=TIME_AXIS, row=rows, col=1)
-    panel.figure = _layout(fig, 340 if rows == 1 else 460)
+    panel.figure = apply_layout(fig, 340 if rows == 1 else 460)
     panel.note = ("Send lag = actual send − intended send time of each request; event-loop lag = how late the generator's "
                   "own timer fired. Both should stay near zero." + (
                       " CPU: latscope's own processes and the whole machine (a worker near 100% of one core cannot keep to the schedule)."
@@ -464,7 +453,7 @@ def gpu_panel(telemetry: pd.DataFrame, summary: dict, events: list[dict], base_t
         scale = 1 / 2**30 if metric == "mem_used_bytes" else 1.0
         for frame, dash, suffix in series:
             for (source, device), df in frame[frame["metric"] == metric].groupby(["source", "device"], sort=True):
-                name = f"{esc(source)} {esc(device)}{suffix}"
+                name = f"{esc_label(source)} {esc_label(device)}{suffix}"
                 fig.add_trace(go.Scatter(x=f32(df["t_s"]), y=f32(df["value"].to_numpy(float) * scale), name=name,
                                          mode="lines", line=dict(color=colors[(source, device)], width=1.3, dash=dash),
                                          legendgroup=name, showlegend=row == 1, hovertemplate=f"{name} %{{y:.1f}}"), row=row, col=1)
@@ -473,7 +462,7 @@ def gpu_panel(telemetry: pd.DataFrame, summary: dict, events: list[dict], base_t
     add_phases_and_events(fig, summary, events, label_phases=False)
     fig.update_xaxes(range=_time_range(summary, base_summary))
     fig.update_xaxes(title_text=TIME_AXIS, row=len(lanes), col=1)
-    panel.figure = _layout(fig, 170 * len(lanes) + 140, margin={**MARGIN, "t": 90},
+    panel.figure = apply_layout(fig, 170 * len(lanes) + 140, margin={**MARGIN, "t": 90},
                            legend=dict(orientation="h", yanchor="bottom", y=1.04, xanchor="left", x=0))
     notes = ["Raw samples per device, on the same time axis as the latency panels."]
     if compare:
@@ -490,152 +479,14 @@ def correlation_table(rows: list[dict]) -> str:
     if not rows:
         return ""
     body = "".join(
-        f"<tr><td>{esc(TELEMETRY_METRICS.get(r.get('metric'), (r['series'],))[0])} · {esc(r.get('source', ''))} {esc(r.get('device', ''))}</td><td class=n>{r['n']}</td><td class=n>{r['spearman']:+.2f}</td>"
+        f"<tr><td>{esc_label(TELEMETRY_METRICS.get(r.get('metric'), (r['series'],))[0])} · {esc_label(r.get('source', ''))} {esc_label(r.get('device', ''))}</td><td class=n>{r['n']}</td><td class=n>{r['spearman']:+.2f}</td>"
         f"<td class=n>{'' if r.get('pearson') is None else format(r['pearson'], '+.2f')}</td></tr>" for r in rows)
     return ("<p>Latency p99 per interval against each telemetry series (strongest first; rank correlation "
             "near ±1 means they move together, which is a hint, not proof of cause):</p>"
             "<table><tr><th>series</th><th>intervals</th><th>Spearman</th><th>Pearson</th></tr>" + body + "</table>")
 
 
-# -- cold starts and serialization ---------------------------------------------------------------
-
-def _start_label(c: dict) -> str:
-    kind = {"run_start": "run start", "phase": "phase", "replica": "new replica"}.get(c["kind"], c["kind"])
-    label = "" if c["kind"] == "run_start" else f" {esc(c['label'])}"
-    return f"{kind}{label} @ {c['at_s']:.1f} s"
-
-
-def _num(value: object, fmt: str = ".2f", none: str = "–") -> str:
-    return none if value is None or (isinstance(value, float) and not math.isfinite(value)) else format(value, fmt)
-
-
-MAX_COLD_PLOTS = 6
-
-
-def _cold_title(e: dict) -> str:
-    return esc(coldstart.title(e))
-
-
-def _run_cell(run: str, compare: bool) -> str:
-    """A table row's first cell naming its run, on a compare page only."""
-    return f"<td><b>{run}</b></td>" if compare else ""
-
-
-def _cold_table(entries: list[tuple[str, dict]], compare: bool) -> str:
-    rows = []
-    for run, e in entries:
-        worst = e.get("first_latency_ms")
-        ratio = (worst / e["steady_p50_ms"]) if worst is not None and e.get("steady_p50_ms") else None
-        cold = {True: "yes", False: "no", None: "–"}[e.get("cold")]
-        rows.append(
-            f"<tr class=\"{'bad' if e.get('cold') else ''}\">{_run_cell(run, compare)}<td>{_cold_title(e)}</td>"
-            f"<td class=n>{_num(e['at_s'] - e['cause_at_s'], '.2f')}</td>"
-            f"<td class=n>{_num(worst, ',.1f')}</td><td class=n>{_num(e.get('first_max_ms'), ',.1f')}</td>"
-            f"<td class=n>{_num(e.get('steady_p50_ms'), ',.1f')}</td><td class=n>{_num(ratio, ',.1f')}{'×' if ratio is not None else ''}</td>"
-            + (f"<td class=n>{_num(e.get('suffered_s'), '.2f', 'never settled')}</td><td class=n>{_num(e.get('affected_requests'), ',')}</td>"
-               if e.get("cold") else "<td class=n>–</td><td class=n>–</td>") +
-            f"<td>{cold}</td></tr>")
-    return ("<table><tr>" + ("<th>run</th>" if compare else "") + "<th>what</th><th>seen after cause (s)</th><th>first request ms</th>"
-            "<th>worst of first N ms</th><th>steady p50 ms</th><th>first ÷ steady</th><th>users suffered (s)</th>"
-            "<th>requests affected</th><th>cold?</th></tr>" + "".join(rows) + "</table>")
-
-
-def _starts_table(starts: list[tuple[str, dict]], compare: bool) -> str:
-    rows = "".join(
-        f"<tr class=\"{'bad' if c.get('cold') else ''}\">{_run_cell(run, compare)}<td>{_start_label(c)}{' (warm-up)' if c.get('warmup') else ''}</td>"
-        f"<td class=n>{c.get('first_count', 0):,}</td><td class=n>{_num(c.get('first_p50_ms'))}</td><td class=n>{_num(c.get('first_max_ms'))}</td>"
-        f"<td class=n>{_num(c.get('steady_p50_ms'))}</td><td class=n>{_num(c.get('slowdown_p50'), '.2f')}{'×' if c.get('slowdown_p50') is not None else ''}</td>"
-        f"<td class=n>{_num(c.get('time_to_steady_s'), '.1f', 'never')}</td><td>{'yes (' + c['cold_by'] + ')' if c.get('cold') and c.get('cold_by') else 'yes' if c.get('cold') else 'no'}</td></tr>"
-        for run, c in starts)
-    return ("<details><summary>Every start analysed (the run, each phase, each replica)</summary><table><tr>"
-            + ("<th>run</th>" if compare else "") + "<th>start</th><th>first requests</th><th>first p50 ms</th>"
-            "<th>first max ms</th><th>steady p50 ms</th><th>slowdown p50</th><th>p50 back to steady after (s)</th><th>cold?</th></tr>"
-            + rows + "</table></details>")
-
-
-def coldstart_panel(events: list[dict], series: dict[tuple[str, str], pd.DataFrame], starts: list[dict],
-                    base_events: list[dict] | None = None, base_series: dict | None = None,
-                    base_starts: list[dict] | None = None) -> Panel:
-    """How long users suffered, and how badly, at each capacity change (analysis.coldstart.capacity_events):
-    a line per change, a zoomed latency plot per change (each interval's max and p50 on the series the
-    change is on, the steady p50, the stretch users suffered shaded), and a table. With base_*, both runs:
-    the n-th change of a kind in one run is drawn with the n-th of that kind in the other (base dashed),
-    on a clock that starts at its cause (the scale action, the launch, the idle stretch's start)."""
-    compare = base_events is not None
-    panel = Panel("coldstart", "Cold starts: how long users suffered, and how badly" + (", base vs new" if compare else ""))
-    runs = ([("base", base_events or [], base_series or {}, base_starts or []), ("new", events, series, starts)]
-            if compare else [("", events, series, starts)])
-    entries = [(run, e) for run, evs, _, _ in runs for e in evs]
-    all_starts = [(run, c) for run, _, _, chosen in runs for c in chosen]
-    if not entries:
-        panel.note = ("No capacity change to measure: the scenario launched no target, ran no scale action and had no idle "
-                      "stretch (see scenarios/scale_up.yaml and scenarios/cold_start.yaml).")
-        panel.html = _starts_table(all_starts, compare) if all_starts else ""
-        return panel
-    panel.lead = "<ul class=\"cold\">" + "".join(
-        f"<li class=\"{'bad' if e.get('cold') else 'good'}\">{'<b>' + run + '</b> ' if compare else ''}<b>{_cold_title(e)}</b>: {coldstart.describe(e)}</li>"
-        for run, e in entries) + "</ul>"
-    # one subplot per change; in a comparison the n-th of a kind in each run share one
-    groups: dict[tuple[str, int], dict[str, dict]] = {}
-    for run, evs, _, _ in runs:
-        seen: dict[str, int] = {}
-        for e in evs:
-            n = seen[e["kind"]] = seen.get(e["kind"], -1) + 1
-            groups.setdefault((e["kind"], n), {})[run] = e
-    keys = list(groups)[:MAX_COLD_PLOTS]
-    cols = min(len(keys), 3)
-    rows = math.ceil(len(keys) / cols)
-    titles = [_cold_title(groups[k].get("new") or groups[k].get("") or groups[k]["base"]) for k in keys]
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.07, vertical_spacing=0.18)
-    frames = {run: frs for run, _, frs, _ in runs}
-    values = []
-    for i, key in enumerate(keys):
-        row, col = i // cols + 1, i % cols + 1
-        for run, e in groups[key].items():
-            df = frames[run].get((e["metric"], e["class"]))
-            if df is None or not len(df):
-                continue
-            zero = e["cause_at_s"] if e["kind"] in ("scale_up", "restart") else e["at_s"]
-            suffered = e.get("suffered_s")
-            until = e["at_s"] + (suffered if suffered is not None else 5.0) + 4.0
-            near = df[(df["t_s"] >= zero - 1.0) & (df["t_s"] <= until) & (df["count"] > 0)]
-            interval = float(near["t_s"].diff().min()) if len(near) > 1 else 1.0
-            x = f32(near["t_s"].to_numpy(float) + interval / 2 - zero)
-            dash, who = ("dash", "base ") if run == "base" else ("solid", "new " if compare else "")
-            first = i == 0
-            fig.add_trace(go.Scatter(x=x, y=f32(near["max_ms"]), mode="lines+markers", name=f"{who}max per interval",
-                                     legendgroup=f"{run}max", showlegend=first, line=dict(color="#d62728", dash=dash, width=1.5),
-                                     marker=dict(size=4), hovertemplate="max %{y:.1f} ms"), row=row, col=col)
-            fig.add_trace(go.Scatter(x=x, y=f32(near["p50_ms"]), mode="lines", name=f"{who}p50 per interval",
-                                     legendgroup=f"{run}p50", showlegend=first, line=dict(color="#2ca02c", dash=dash, width=1.5),
-                                     hovertemplate="p50 %{y:.1f} ms"), row=row, col=col)
-            values.extend(near[["p50_ms", "max_ms"]].to_numpy(float).ravel().tolist())
-            if e.get("steady_p50_ms"):
-                fig.add_hline(y=e["steady_p50_ms"], line=dict(color="#1f77b4", dash="dot" if run == "base" else "dash", width=1),
-                              row=row, col=col)
-            if e.get("cold") and suffered:
-                fig.add_vrect(x0=e["at_s"] - zero, x1=e["at_s"] + suffered - zero, fillcolor="#d62728",
-                              opacity=0.10 if run == "base" else 0.18, line_width=0, row=row, col=col)
-            fig.add_vline(x=e["at_s"] - zero, line=dict(color="#555", dash="dot", width=1), row=row, col=col)
-        fig.update_xaxes(title_text="s since " + ("the action" if key[0] in ("scale_up", "restart") else "it started"),
-                         row=row, col=col)
-    finite = np.array([v for v in values if v and math.isfinite(v) and v > 0])
-    if len(finite) and finite.max() / finite.min() > 20:
-        fig.update_yaxes(type="log", **log_ticks(finite))
-    fig.update_yaxes(title_text="latency (ms)", col=1)
-    # the legend above the subplot titles, not over them
-    panel.figure = _layout(fig, 320 * rows + 80, margin={**MARGIN, "t": 80},
-                           legend=dict(orientation="h", yanchor="top", y=0.98, yref="container", xanchor="left", x=0))
-    panel.html = _cold_table(entries, compare) + _starts_table(all_starts, compare)
-    panel.note = ("Each capacity change (the launched target's start, a restart, a replica added by a scale action, the first "
-                  "request after an idle stretch) against the steady state that followed it. Red: each interval's slowest request; "
-                  "green: its median; dashed blue: the steady p50; shaded: the stretch users suffered — until the p50 of each "
-                  "window of N requests stays within 20% of steady and no interval's max is over 1.5× the steady max. "
-                  "<i>First request</i> is the very first response measured on its own (the replica's first, the first after "
-                  "idle); a change is cold when its first requests were over 1.5× the steady p50, or its slowest over 1.5× the steady max."
-                  + (" Each run's change is drawn on a clock that starts at its cause; base dashed, new solid." if compare else ""))
-    return panel
-
+# -- serialization ---------------------------------------------------------------------------
 
 PART_COLORS = {"encode": "#9467bd", "network": "#7f7f7f", "decode": "#e377c2", "other": "#c7c7c7"}
 
@@ -650,16 +501,16 @@ def serialization_panel(parts: pd.DataFrame) -> Panel:
     labels = {}
     for cls, df in parts.groupby("class", sort=False):
         protocol = df["protocol"].iloc[0] if "protocol" in df else ""
-        labels[cls] = f"{esc(cls)} ({esc(protocol)})" if protocol else esc(cls)
+        labels[cls] = f"{esc_label(cls)} ({esc_label(protocol)})" if protocol else esc_label(cls)
     order = list(dict.fromkeys(parts["part"]))
     server_colors = iter(("#2ca02c", "#98df8a", "#17becf", "#bcbd22", "#ff7f0e", "#ffbb78", "#8c564b"))
     for part in order:
         df = parts[parts["part"] == part]
         color = PART_COLORS.get(part) or next(server_colors, None)
         fig.add_trace(go.Bar(
-            y=[labels[c] for c in df["class"]], x=df["mean_ms"], name=esc(part), orientation="h", marker_color=color,
+            y=[labels[c] for c in df["class"]], x=df["mean_ms"], name=esc_label(part), orientation="h", marker_color=color,
             customdata=np.round(df["share"].to_numpy(float) * 100, 1),
-            hovertemplate=f"{esc(part)}: %{{x:.3f}} ms (%{{customdata}}% of latency)<extra></extra>"))
+            hovertemplate=f"{esc_label(part)}: %{{x:.3f}} ms (%{{customdata}}% of latency)<extra></extra>"))
     totals = parts.groupby("class", sort=False)["mean_ms"].sum()
     fig.add_trace(go.Scatter(y=[labels[c] for c in totals.index], x=totals.to_numpy(float), mode="text",
                              text=[f"  {v:,.2f} ms" if v < 10 else f"  {v:,.1f} ms" for v in totals], textposition="middle right",
@@ -667,7 +518,7 @@ def serialization_panel(parts: pd.DataFrame) -> Panel:
     fig.update_layout(barmode="stack", legend_traceorder="normal")
     fig.update_xaxes(title_text="mean time per request (ms)", rangemode="tozero", range=[0, float(totals.max()) * 1.15])
     fig.update_yaxes(title_text="class (protocol)", autorange="reversed")
-    panel.figure = _layout(fig, 140 + 60 * len(labels), hovermode="closest")
+    panel.figure = apply_layout(fig, 140 + 60 * len(labels), hovermode="closest")
     panel.note = ("Mean per request, stacked: client encode, network (the rest of the round trip), the server's own "
                   "Server-Timing parts, client decode; \"other\" is latency not covered by those (queueing in the client, "
                   "streaming after the first chunk).")

@@ -4,15 +4,18 @@ sentence, the SLO and percentile tables, then one panel per question (how is the
 did latency move over time, did the server keep up, where did the time go, was the generator
 healthy), then what was run where.
 
+The panels are report/panels.py's PANELS (the compare page draws the same list); this module has the
+tables and puts the page together.
+
 Escaping: every string that came from a scenario or a target — scenario, class, phase and replica
-names, error messages, URLs — goes through `esc` (html.escape) wherever it lands in HTML, and
-plotly figures are embedded as JSON in a `<script type="application/json">` with `<`, `>` and
-`&` written as \\u003c, \\u003e, \\u0026, so no value can close the script element or open a tag.
+names, error messages, URLs — goes through `esc_html` (report/escape.py: html.escape, quotes too)
+wherever it lands in this module's HTML, and plotly figures are embedded as JSON in a
+`<script type="application/json">` with `<`, `>` and `&` written as \\u003c, \\u003e, \\u0026, so no
+value can close the script element or open a tag.
 """
 
 from __future__ import annotations
 
-import html
 import json
 import math
 import logging
@@ -23,24 +26,16 @@ import plotly.offline
 import yaml
 
 from latscope import __version__
-from latscope.analysis import coldstart, correlation, percentiles, serialization
 from latscope.analysis.run_data import RunData
-from latscope.report import figures
+from latscope.report.escape import esc_html
 from latscope.report.figures import Panel
-
-
-def esc(value: object) -> str:
-    """Text from a scenario or a target, safe anywhere in HTML (text and attribute values)."""
-    return html.escape(str(value), quote=True)
-
+from latscope.report.panels import PANELS
+from latscope.results.schema import metric_label
 
 CDN_URL = "https://cdn.plot.ly/plotly-{version}.min.js"
 PERCENTILE_COLUMNS = (("p50_ms", "p50"), ("p90_ms", "p90"), ("p99_ms", "p99"), ("p99.9_ms", "p99.9"), ("max_ms", "max"))
 # The metrics of the percentile table, in order (others, like server.* parts, are in summary.json).
 TABLE_METRICS = ("latency", "ttft", "itl", "tpot", "service_time")
-METRIC_LABELS = {"latency": "latency", "service_time": "service time", "ttft": "TTFT", "itl": "ITL", "tpot": "TPOT",
-                 "send_lag": "send lag", "loop_lag": "event-loop lag", "encode": "client encode", "decode": "client decode",
-                 "network": "network", "replica_latency": "latency per replica"}
 
 
 def fmt_ms(value: float | None) -> str:
@@ -91,9 +86,9 @@ def slo_table(summary: dict) -> str:
         return "<p>The scenario sets no SLOs (add <code>slos:</code> to it to get pass/fail verdicts here).</p>"
     rows = "".join(
         f"<tr class=\"{'good' if s.get('passed') else 'bad'}\"><td>{'✔ met' if s.get('passed') else '✘ missed'}</td>"
-        f"<td>{esc(METRIC_LABELS.get(s['metric'], s['metric']))}</td><td>{esc(s['class'])}</td>"
-        f"<td>{esc(str(s['stat']).removesuffix('_ms'))}</td><td class=n>{fmt_ms(s.get('value'))}</td><td class=n>≤ {fmt_ms(s.get('limit'))}</td>"
-        f"<td>{esc(s.get('reason', ''))}</td></tr>" for s in slos)
+        f"<td>{esc_html(metric_label(s['metric']))}</td><td>{esc_html(s['class'])}</td>"
+        f"<td>{esc_html(str(s['stat']).removesuffix('_ms'))}</td><td class=n>{fmt_ms(s.get('value'))}</td><td class=n>≤ {fmt_ms(s.get('limit'))}</td>"
+        f"<td>{esc_html(s.get('reason', ''))}</td></tr>" for s in slos)
     return ("<table><tr><th>SLO</th><th>metric</th><th>class</th><th>statistic</th><th class=n>measured ms</th>"
             "<th class=n>limit ms</th><th></th></tr>" + rows + "</table>")
 
@@ -104,7 +99,7 @@ def percentile_table(summary: dict) -> str:
     for metric in TABLE_METRICS:
         for cls, s in metrics.get(metric, {}).items():
             strong = " class=\"total\"" if cls == "all" else ""
-            rows.append(f"<tr{strong}><td>{esc(METRIC_LABELS.get(metric, metric))}</td><td>{esc(cls)}</td>"
+            rows.append(f"<tr{strong}><td>{esc_html(metric_label(metric))}</td><td>{esc_html(cls)}</td>"
                         f"<td class=\"n\">{s.get('count', 0):,}</td>" + "".join(f"<td class=\"n\">{fmt_ms(s.get(k))}</td>" for k, _ in PERCENTILE_COLUMNS)
                         + "</tr>")
     if not rows:
@@ -124,7 +119,7 @@ def requests_table(summary: dict) -> str:
     tokens = summary.get("tokens", {}).get("all")
     if tokens:
         rates += (f"<p>Tokens: {tokens['prompt_tokens']:,} prompt, {tokens['output_tokens']:,} output "
-                  f"({tokens['output_tokens_per_s']:,.1f} output tokens/s; counted from {esc(tokens.get('output_count_source', ''))}).</p>")
+                  f"({tokens['output_tokens_per_s']:,.1f} output tokens/s; counted from {esc_html(tokens.get('output_count_source', ''))}).</p>")
     return rates + "<table><tr><th>requests (outside warm-up)</th><th>count</th></tr>" + body + "</table>"
 
 
@@ -134,8 +129,8 @@ def errors_table(summary: dict) -> str:
         return "<p>No request failed.</p>"
     examples = summary.get("error_examples") or {}
     rows = "".join(
-        f"<tr><td>{esc(kind)}</td><td class=n>{count:,}</td><td>"
-        + "".join(f"<div><code>{esc(m)}</code></div>" for m in examples.get(kind, [])[:3]) + "</td></tr>"
+        f"<tr><td>{esc_html(kind)}</td><td class=n>{count:,}</td><td>"
+        + "".join(f"<div><code>{esc_html(m)}</code></div>" for m in examples.get(kind, [])[:3]) + "</td></tr>"
         for kind, count in errors.items())
     return "<table><tr><th>kind</th><th>count</th><th>examples (as the target sent them)</th></tr>" + rows + "</table>"
 
@@ -170,7 +165,7 @@ def metadata_table(run: RunData) -> str:
         ("GPUs", ", ".join(str(g.get("name", g)) if isinstance(g, dict) else str(g) for g in env.get("gpus") or []) or "none seen"),
     ]
     return "<table class=\"meta\">" + "".join(
-        f"<tr><th>{k}</th><td>{esc(v)}</td></tr>" for k, v in rows if v not in (None, "")) + "</table>"
+        f"<tr><th>{k}</th><td>{esc_html(v)}</td></tr>" for k, v in rows if v not in (None, "")) + "</table>"
 
 
 # -- panels --------------------------------------------------------------------------------------
@@ -181,69 +176,7 @@ def safe_panel(build: Callable[[], Panel], panel_id: str, title: str) -> Panel:
         return build()
     except Exception as exc:  # noqa: BLE001 - one broken panel must not cost the rest of the report
         logging.getLogger("latscope.report").warning("report panel %r could not be drawn: %s: %s", panel_id, type(exc).__name__, exc)
-        return Panel(panel_id, title, note=f"This panel could not be drawn: {esc(type(exc).__name__)}: {esc(exc)}")
-
-
-def classes_of(summary: dict, metric: str = "latency") -> list[str]:
-    return list(summary.get("metrics", {}).get(metric, {}))
-
-
-def generator_lags(run: RunData) -> tuple:
-    """(send lag, event-loop lag) per interval, class "all"; None for one the run did not record."""
-    metrics = run.summary.get("metrics", {})
-    return tuple(percentiles.interval_percentiles(run, m, "all") if m in metrics else None for m in ("send_lag", "loop_lag"))
-
-
-def cold_start_data(run: RunData) -> tuple[list[dict], dict, list[dict]]:
-    """(capacity events, their latency series by (metric, class), every start) for the cold-start panel:
-    from summary.json's cold_start, which the run analysed already, or analysed now for a run without one."""
-    cold = run.summary.get("cold_start") or coldstart.cold_start_summary(run)
-    events = coldstart.capacity_events(cold)
-    series = {(e["metric"], e["class"]): percentiles.interval_percentiles(run, e["metric"], e["class"]) for e in events}
-    return events, series, cold["starts"]
-
-
-def coldstart_panel(run: RunData, base: RunData | None = None) -> Panel:
-    events, series, starts = cold_start_data(run)
-    if base is None:
-        return figures.coldstart_panel(events, series, starts)
-    base_events, base_series, base_starts = cold_start_data(base)
-    return figures.coldstart_panel(events, series, starts, base_events, base_series, base_starts)
-
-
-def run_panels(run: RunData) -> list[Panel]:
-    s = run.summary
-
-    def latency_time() -> Panel:
-        by_class = {c: percentiles.interval_percentiles(run, "latency", c) for c in classes_of(s) or ["all"]}
-        return figures.latency_time_panel(by_class, s, run.events)
-
-    def streaming() -> Panel:
-        metrics = s.get("metrics", {})
-        return figures.streaming_panel({m: percentiles.spectrum(run, m) for m, _ in figures.STREAMING_METRICS if m in metrics})
-
-    def gpu() -> Panel:
-        panel = figures.gpu_panel(run.telemetry, s, run.events)
-        if panel.figure is not None:
-            panel.html = figures.correlation_table(correlation.correlations(run))
-        return panel
-
-    def generator() -> Panel:
-        send, loop = generator_lags(run)
-        return figures.generator_panel(send, loop, s, run.telemetry)
-
-    builders = [
-        ("spectrum", "Latency percentile spectrum", lambda: figures.spectrum_panel(percentiles.spectrum(run, "latency"))),
-        ("latency-time", "Latency over time", latency_time),
-        ("load-time", "Load: offered vs achieved rate, in flight, errors",
-         lambda: figures.load_time_panel(percentiles.interval_percentiles(run, "latency", "all"), s, run.events)),
-        ("streaming", "Streaming", streaming),
-        ("gpu", "GPU lanes", gpu),
-        ("coldstart", "Cold starts", lambda: coldstart_panel(run)),
-        ("serialization", "Serialization", lambda: figures.serialization_panel(serialization.breakdown(run))),
-        ("generator", "Generator health", generator),
-    ]
-    return [safe_panel(build, pid, title) for pid, title, build in builders]
+        return Panel(panel_id, title, note=f"This panel could not be drawn: {esc_html(type(exc).__name__)}: {esc_html(exc)}")
 
 
 # -- page ----------------------------------------------------------------------------------------
@@ -351,7 +284,7 @@ def page(title: str, header_html: str, body_html: list[str], panels: list[Panel]
         f"<style>{CSS}</style>{plotly_script(cdn)}</head><body>"
         f"<header><div class=\"inner\">{header_html}<nav>{nav}</nav></div></header><main>"
         + "".join(body_html) + "".join(panel_html(p) for p in panels) + "".join(tail_html)
-        + f"<footer>latscope {esc(__version__)}</footer></main>"
+        + f"<footer>latscope {esc_html(__version__)}</footer></main>"
         f'<script type="application/json" id="latscope-figures">{figures_json(panels)}</script>'
         f"<script>{SCRIPT}</script></body></html>\n"
     )
@@ -362,9 +295,9 @@ def report_html(run: RunData, cdn: bool = False) -> str:
     s = run.summary
     line = headline(s)
     stamp = s.get("validity", "unknown")
-    header = (f"<h1>latscope report · {esc(s.get('scenario', '?'))} · {esc(s.get('started_at', ''))}</h1>"
-              f"<div class=\"headline{' partial' if s.get('partial') else ''}\">{esc(line)}</div>"
-              f"<p class=\"badges\"><span class=\"stamp {esc(stamp)}\">measurement {esc(stamp)}</span>"
+    header = (f"<h1>latscope report · {esc_html(s.get('scenario', '?'))} · {esc_html(s.get('started_at', ''))}</h1>"
+              f"<div class=\"headline{' partial' if s.get('partial') else ''}\">{esc_html(line)}</div>"
+              f"<p class=\"badges\"><span class=\"stamp {esc_html(stamp)}\">measurement {esc_html(stamp)}</span>"
               f"<span>{s.get('duration_s', 0):,.1f} s run, {s.get('requests', {}).get('completed', 0):,} requests completed "
               f"outside warm-up</span></p>")
     summary_sections = [
@@ -374,6 +307,6 @@ def report_html(run: RunData, cdn: bool = False) -> str:
         f"<section id=\"percentiles\"><h2>Percentiles (ms, outside warm-up)</h2>{percentile_table(s)}</section>",
         f"<section id=\"errors\"><h2>Errors</h2>{errors_table(s)}</section>",
     ]
-    panels = run_panels(run)
+    panels = [safe_panel(lambda spec=spec: spec.build(run, None), spec.id, spec.title) for spec in PANELS]
     tail = [f"<section id=\"metadata\"><h2>Run metadata</h2>{metadata_table(run)}</section>"]
-    return page(f"latscope · {esc(s.get('scenario', '?'))} · {esc(line)}", header, summary_sections, panels, tail, cdn)
+    return page(f"latscope · {esc_html(s.get('scenario', '?'))} · {esc_html(line)}", header, summary_sections, panels, tail, cdn)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 
 from latscope.analysis import coldstart
-from latscope.report.html import METRIC_LABELS, PERCENTILE_COLUMNS, TABLE_METRICS, fmt_ms, headline
+from latscope.report.html import PERCENTILE_COLUMNS, TABLE_METRICS, fmt_ms, headline
+from latscope.results.schema import metric_label
 
 # What can start markup inside a line of a table cell or a bold headline. Line-start syntax (#, -, 1.,
 # >) cannot occur: an escaped value never begins a line. Kept minimal so the text still reads well
@@ -42,9 +43,9 @@ def summary_markdown(summary: dict, report_name: str | None = "report.html") -> 
     slos = s.get("slo") or []
     if slos:
         lines += ["", *_table(["SLO", "metric", "class", "stat", "measured ms", "limit ms"], [
-            ["✅ met" if x.get("passed") else "❌ missed", md(METRIC_LABELS.get(x["metric"], x["metric"])), md(x["class"]),
+            ["✅ met" if x.get("passed") else "❌ missed", md(metric_label(x["metric"])), md(x["class"]),
              md(str(x["stat"]).removesuffix("_ms")), fmt_ms(x.get("value")), fmt_ms(x.get("limit"))] for x in slos])]
-    rows = [[md(METRIC_LABELS.get(m, m)), md(cls), f"{st.get('count', 0):,}", *(fmt_ms(st.get(k)) for k, _ in PERCENTILE_COLUMNS)]
+    rows = [[md(metric_label(m)), md(cls), f"{st.get('count', 0):,}", *(fmt_ms(st.get(k)) for k, _ in PERCENTILE_COLUMNS)]
             for m in TABLE_METRICS for cls, st in s.get("metrics", {}).get(m, {}).items()]
     if rows:
         lines += ["", *_table(["metric", "class", "count", *(f"{label} ms" for _, label in PERCENTILE_COLUMNS)], rows)]

@@ -1,31 +1,23 @@
 """GPU and host telemetry sampled during a run, written to telemetry.parquet (t_s, source,
 device, metric, value) on the run's clock.
 
-Every source writes the same metric names, so the report and the analysis need not know where a
-sample came from:
+Every source writes the same metric names (TELEMETRY_METRICS in results/schema.py: name -> label,
+unit), so the report and the analysis need not know where a sample came from. Sources, each a `Sampler` on its own thread
+(session.py runs them for one run):
+
+| source | module | samples |
+| --- | --- | --- |
+| `nvml` | nvml.py | local NVIDIA GPUs (GPM bandwidth and SM metrics where the GPU has them) |
+| `host` | host.py | CPU and memory of latscope's own processes, and each worker's event-loop lag |
+| a Prometheus source's name | prometheus.py | any /metrics page through a mapping (mappings.py: DCGM, Triton, the reference server) |
+
+A new source is a `Sampler` in a module of its own, a field under the scenario's `telemetry:`
+(latscope/scenario/telemetry.py) and an arm in `TelemetrySession.from_config`.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
-
-# name -> (label, unit). A source writes only what it can measure.
-METRICS: dict[str, tuple[str, str]] = {
-    "gpu_util_pct": ("GPU utilization", "%"),
-    "mem_bw_util_pct": ("Memory-bandwidth utilization (DRAM, GPM)", "%"),
-    "mem_util_pct": ("Memory-controller busy (NVML memory utilization, not bandwidth)", "%"),
-    "sm_active_pct": ("SM activity", "%"),
-    "sm_occupancy_pct": ("SM occupancy", "%"),
-    "mem_used_bytes": ("GPU memory used", "B"),
-    "power_w": ("Power", "W"),
-    "sm_clock_mhz": ("SM clock", "MHz"),
-    "pcie_rx_bytes_s": ("PCIe receive", "B/s"),
-    "pcie_tx_bytes_s": ("PCIe transmit", "B/s"),
-    "temp_c": ("Temperature", "°C"),
-    "cpu_pct": ("CPU", "% of one core"),
-    "rss_bytes": ("Resident memory", "B"),
-    "loop_lag_p99_ms": ("Event-loop lag p99", "ms"),
-}
 
 Sample = tuple[str, str, float]
 """(device, metric, value): one reading of a sampler, e.g. ("gpu0", "power_w", 312.5)."""

@@ -4,7 +4,7 @@ the bottleneck.
 
 CPU is in percent of one core (a worker using two cores reads 200), the host's total included, so
 all cpu_pct rows share one unit. Event-loop lag is not sampled here: workers already measure it
-(engine.py) and send it in their interval reports; `loop_lag_sample` turns one report into a row.
+(engine.py, intervals.py) and send it in their interval reports; `loop_lag_sample` turns one report into a row.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import psutil
 
+from latscope.records import IntervalReport
 from latscope.recorder import from_sparse, values_at
 from latscope.telemetry import Sample
 
@@ -62,14 +63,14 @@ class HostSampler:
         pass
 
 
-def loop_lag_sample(report: dict, interval_s: float) -> tuple[float, str, float] | None:
+def loop_lag_sample(report: IntervalReport, interval_s: float) -> tuple[float, str, float] | None:
     """(t_s, device, p99 ms) of one worker interval report's event-loop lag — at the interval's start on
     the run's clock, like timeseries.parquet's interval_start_s — or None when it holds none."""
-    parts = [sparse for (metric, _, _), sparse in report.get("histograms", {}).items() if metric == "loop_lag"]
+    parts = [sparse for (metric, _, _), sparse in report.histograms.items() if metric == "loop_lag"]
     if not parts:
         return None
     h = from_sparse(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
     p99 = values_at(h, [99.0]).get(99.0)
     if p99 is None:
         return None
-    return report["interval"] * interval_s, f"worker-{report['worker']}", p99 / 1000.0
+    return report.interval * interval_s, f"worker-{report.worker}", p99 / 1000.0

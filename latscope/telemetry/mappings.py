@@ -9,7 +9,7 @@ A mapping is plain data, the same shape a scenario may give inline:
                             "aggregate": "sum" | "mean" | "max" over series of the same device (default sum)}}
 
 A counter's name matches with or without `_total`. GPU metrics use the names of
-`latscope.telemetry.METRICS`; other metrics (queue depth, request rates) keep names of their own.
+`latscope.results.schema.TELEMETRY_METRICS`; other metrics (queue depth, request rates) keep names of their own.
 `DEVICE_HEADER` names a response header that identifies the answering process, for series without
 a device label (the reference server's replicas each serve their own /metrics on one port).
 """

@@ -12,11 +12,11 @@ import base64
 import time
 import urllib.request
 from urllib.parse import unquote, urlsplit, urlunsplit
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from latscope.scenario.telemetry import PrometheusMetric
 from latscope.telemetry import Sample
 from latscope.telemetry.mappings import DEVICE_HEADER, MAPPINGS
 
@@ -24,30 +24,22 @@ NO_DEVICE = "server"  # the device of a series without a device label (and no de
 MAX_BODY = 32 * 1024 * 1024  # a /metrics page larger than this is not a metrics page
 
 
-@dataclass(frozen=True)
-class MetricMap:
-    metric: str
-    scale: float = 1.0
-    rate: bool = False
-    device_label: str | None = None
-    aggregate: Literal["sum", "mean", "max"] = "sum"
-
-
-def resolve_mapping(mapping: str | dict[str, Any]) -> tuple[dict[str, MetricMap], str | None]:
-    """({exported name: MetricMap}, device header or None) for a shipped mapping's name or an inline one."""
+def resolve_mapping(mapping: str | dict[str, Any]) -> tuple[dict[str, PrometheusMetric], str | None]:
+    """({exported name: PrometheusMetric}, device header or None) for a shipped mapping's name or an
+    inline one (PrometheusMetric, the scenario's own type, or the same fields as a dict)."""
     if isinstance(mapping, str):
-        return {k: MetricMap(**v) for k, v in MAPPINGS[mapping].items()}, DEVICE_HEADER.get(mapping)
-    return {k: v if isinstance(v, MetricMap) else MetricMap(**v) for k, v in mapping.items()}, None
+        return {k: PrometheusMetric(**v) for k, v in MAPPINGS[mapping].items()}, DEVICE_HEADER.get(mapping)
+    return {k: v if isinstance(v, PrometheusMetric) else PrometheusMetric(**v) for k, v in mapping.items()}, None
 
 
-def _device(entry: MetricMap, labels: dict[str, str], fallback: str) -> str:
+def _device(entry: PrometheusMetric, labels: dict[str, str], fallback: str) -> str:
     if entry.device_label is None or entry.device_label not in labels:
         return fallback
     value = labels[entry.device_label]
     return f"gpu{value}" if entry.device_label == "gpu" and value.isdigit() else value
 
 
-def parse(text: str, mapping: dict[str, MetricMap], fallback_device: str = NO_DEVICE) -> dict[tuple[str, str], float]:
+def parse(text: str, mapping: dict[str, PrometheusMetric], fallback_device: str = NO_DEVICE) -> dict[tuple[str, str], float]:
     """{(device, metric): value} of the mapped samples of one scrape, scaled, series of one device
     aggregated as the mapping says. Counters are still totals here (PrometheusSampler makes rates)."""
     values: dict[tuple[str, str], list[float]] = {}

@@ -21,7 +21,7 @@ import time
 from array import array
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import pyarrow as pa
 
@@ -33,6 +33,7 @@ from latscope.telemetry.nvml import open_nvml
 from latscope.telemetry.prometheus import PrometheusSampler
 
 if TYPE_CHECKING:
+    from latscope.records import IntervalReport
     from latscope.scenario import Telemetry as TelemetryConfig
 
 log = logging.getLogger("latscope.telemetry")
@@ -82,13 +83,18 @@ class _Rows:
             }
 
 
-class Telemetry:
-    """Build with `from_config`; then `watch` (the processes to sample), `start` (once t0 is known),
-    `on_interval` (each worker interval report), `stop`, `write`."""
+class TelemetrySession:
+    """A run part (run/parts.py, all five hooks): build with `from_config`; `start` (once t0 is known)
+    starts the samplers, `on_report` takes each worker's event-loop lag, `stop`, then `write`
+    telemetry.parquet."""
 
     def __init__(self, config: TelemetryConfig, events: results.EventLog, samplers: list[tuple[Sampler, float, float]],
-                 gpus: list[dict], report_interval_s: float, max_rows: int = MAX_ROWS):
+                 gpus: list[dict], report_interval_s: float, max_rows: int = MAX_ROWS,
+                 processes: Callable[[], dict[str, int]] = dict):
+        """`processes`: {device: pid} of the processes whose CPU and memory the host source samples,
+        asked for at start (when the workers exist)."""
         self.config = config
+        self.processes = processes
         self.report_interval_s = report_interval_s  # the workers' reporting interval (output.interval)
         self.events = events
         self.samplers = samplers  # (sampler, interval s, join timeout s)
@@ -104,7 +110,7 @@ class Telemetry:
 
     @classmethod
     def from_config(cls, config: TelemetryConfig, events: results.EventLog, report_interval_s: float,
-                    nvml: ModuleType | None = None) -> Telemetry:
+                    nvml: ModuleType | None = None, processes: Callable[[], dict[str, int]] = dict) -> TelemetrySession:
         """The samplers of a scenario's `telemetry:` section. NVML that cannot
         start is one event and one warning with `nvml: auto`, a RunError with `nvml: true`."""
         samplers: list[tuple[Sampler, float, float]] = []
@@ -121,11 +127,9 @@ class Telemetry:
                 gpus = sampler.environment()
                 samplers.append((sampler, config.interval, JOIN_GRACE_S + 1.0))
         for source in config.prometheus:
-            mapping = source.mapping if isinstance(source.mapping, str) else {
-                k: v.model_dump() for k, v in source.mapping.items()}
-            samplers.append((PrometheusSampler(source.name, source.url, mapping, source.timeout),
+            samplers.append((PrometheusSampler(source.name, source.url, source.mapping, source.timeout),
                              source.interval or config.interval, source.timeout + JOIN_GRACE_S))
-        telemetry = cls(config, events, samplers, gpus, report_interval_s)
+        telemetry = cls(config, events, samplers, gpus, report_interval_s, processes=processes)
         for source, reason in missing:
             telemetry.unavailable(source, reason)
         return telemetry
@@ -134,15 +138,14 @@ class Telemetry:
         self.events.emit("telemetry_unavailable", source=source, reason=reason)
         self._warn(source, f"telemetry: no {source} samples in this run ({reason})")
 
-    def watch(self, processes: dict[str, int]) -> None:
-        """Sample CPU and memory of these processes ({device: pid}) and the host's CPU (when host is on)."""
-        if self.config.host:
-            self.samplers.append((HostSampler(processes), self.config.interval, JOIN_GRACE_S))
-
     # -- running ------------------------------------------------------------------------------
 
     def start(self, t0_ns: int) -> None:
+        """Start every sampler on its own thread; with `host` on, the host source samples the host's
+        CPU and the CPU and memory of `processes()`."""
         self.t0_ns = t0_ns
+        if self.config.host:
+            self.samplers.append((HostSampler(self.processes()), self.config.interval, JOIN_GRACE_S))
         for sampler, interval, join_s in self.samplers:
             thread = threading.Thread(target=self._loop, args=(sampler, interval),
                                       name=f"latscope-telemetry-{sampler.name}", daemon=True)
@@ -183,7 +186,7 @@ class Telemetry:
             self.events.emit("telemetry_truncated", max_rows=self.rows.max_rows)
             self._warn("rows", f"telemetry: {self.rows.max_rows:,} rows reached; later samples are dropped")
 
-    def on_interval(self, report: dict) -> None:
+    def on_report(self, report: IntervalReport) -> None:
         """A worker's interval report: its event-loop lag p99 as a host/worker-N row at the interval's start."""
         if not self.config.host:
             return
@@ -191,6 +194,9 @@ class Telemetry:
         if sample is not None:
             t_s, device, ms = sample
             self._add(t_s, "host", [(device, "loop_lag_p99_ms", ms)])
+
+    def on_interval(self, collector: object, elapsed_s: float) -> None:
+        """Nothing to do per merged interval (run part hook)."""
 
     def _warn(self, key: str, message: str) -> None:
         with self._lock:
@@ -201,7 +207,7 @@ class Telemetry:
 
     # -- ending -------------------------------------------------------------------------------
 
-    def stop(self) -> None:
+    def stop(self, reason: str | None = None) -> None:
         """Stop sampling and close the samplers. Waits at most a sampler's timeout plus a grace for
         its thread; a thread stuck past that is left (it is a daemon) and its sampler not closed."""
         self._stop.set()
@@ -223,8 +229,8 @@ class Telemetry:
         self._threads = []
         self.samplers = []
 
-    def write(self, path: Path) -> None:
-        results.write_table(path, self.rows.table())
+    def write(self, run_dir: Path) -> None:
+        results.write_table(run_dir / results.TELEMETRY, self.rows.table())
 
 
 def worker_processes(processes: list) -> dict[str, int]:

@@ -16,11 +16,12 @@ import numpy as np
 import pandas as pd
 
 from latscope import results
-from latscope.collector import ROW_STATS, Collector
-from latscope.engine import COMPLETED, COUNTERS
-from latscope.hlog import HlogWriter
 from latscope.plan import PhasePlan, Plan
+from latscope.records import IntervalReport
 from latscope.recorder import Recorder, summarize
+from latscope.results.hlog import HlogWriter
+from latscope.results.schema import COMPLETED, COUNTERS, TIMESERIES_COLUMNS
+from latscope.run.collector import Collector
 
 START_EPOCH_S = 1_763_900_000.0
 # record(k, rec, phase) puts interval k's values into the recorder: rec.record(metric, cls, µs, warmup)
@@ -58,12 +59,9 @@ def write_run(
                 if metric == "latency":
                     row = counters.setdefault((classes.index(cls), warmup), np.zeros(len(COUNTERS), np.int64))
                     row[COMPLETED] += int(counts.sum())
-            collector.add({"interval": k, "histograms": histograms, "clamped": clamped, "counters": counters,
-                           "in_flight": 0, "replicas": {}})
+            collector.add(IntervalReport(k, histograms, clamped, counters, 0, {}, [], None))
         collector.finish()
-    results.write_rows(path / results.TIMESERIES, collector.rows,
-                       ["interval_start_s", "interval_s", "phase", "metric", "class", *ROW_STATS, "scheduled",
-                        *COUNTERS, "errors", "in_flight"])
+    results.write_rows(path / results.TIMESERIES, collector.rows, list(TIMESERIES_COLUMNS))
     totals = collector.totals_with_all()
     summary = {
         "schema_version": results.SCHEMA_VERSION,

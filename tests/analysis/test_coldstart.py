@@ -8,7 +8,7 @@ import pytest
 from analysis_runs import record_all, write_run
 from latscope.analysis.coldstart import cold_starts
 from latscope.analysis.run_data import load_run
-from latscope.engine import OTHER_REPLICAS, REPLICA_METRIC
+from latscope.results.schema import OTHER_REPLICAS, REPLICA_METRIC
 from latscope.recorder import from_sparse, summarize, Recorder
 
 MS = 1000

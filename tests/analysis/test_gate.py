@@ -17,9 +17,9 @@ from click.testing import CliRunner
 from latscope import results
 from latscope.analysis.gate import FAIL, INCONCLUSIVE, PASS, gate, outcome, Check
 from latscope.cli import main
-from latscope.gate_file import GateFile, load_gate_file
+from latscope.scenario.gate_file import GateFile, load_gate_file
 from latscope.errors import ScenarioError
-from latscope.hlog import HlogWriter
+from latscope.results.hlog import HlogWriter
 from latscope.recorder import counts_from_values, from_sparse, merge, summarize
 
 

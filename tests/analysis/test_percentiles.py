@@ -9,7 +9,7 @@ from analysis_runs import record_all, write_run
 from latscope.analysis.percentiles import SPECTRUM_PERCENTILES, interval_percentiles, spectrum
 from latscope.analysis.run_data import load_run
 from latscope.recorder import merge, summarize, values_at
-from latscope.results import read_intervals
+from helpers import read_intervals
 
 WARMUP_US = 900_000  # every warm-up value: far above any measured one, so a leak would show at the top
 

@@ -8,10 +8,11 @@ import pandas as pd
 import pytest
 
 from analysis_runs import record_all, write_run
-from latscope.analysis.run_data import TELEMETRY_COLUMNS, load_run, metric_intervals
+from latscope.analysis.run_data import load_run, metric_intervals
+from latscope.results.schema import TELEMETRY_COLUMNS
 from latscope.errors import LatscopeError, ResultsError
 from latscope.recorder import merge, values_at
-from latscope.results import read_intervals
+from helpers import read_intervals
 
 
 def simple(k, rec, phase):

@@ -44,7 +44,7 @@ def _send_all(url: str, classes: list[dict], order: list[int], **target) -> list
     })
 
     async def main() -> list:
-        client = make_client(scenario, 10)
+        client = make_client(scenario)
         await client.open()
         try:
             return [await client.send(Request(i, time.perf_counter_ns(), cls, False)) for i, cls in enumerate(order)]

@@ -60,7 +60,7 @@ def send_each(data: dict, order: list[tuple[int, int]]):
         clients, by_class = [], {}
         for (protocol, _), classes in groups.items():
             kind = KServeGrpcClient if protocol == "kserve-v2-grpc" else KServeClient
-            clients.append(kind(scenario, classes, 10, payloads))
+            clients.append(kind(scenario, classes, payloads))
             by_class.update({c: clients[-1] for c in classes})
             await clients[-1].open()
         try:
@@ -321,7 +321,7 @@ def test_kserve_client_serves_several_models_on_one_url():
         ])
         data["target"]["api_key"] = "k3y"
         scenario = scenario_from_dict(data)
-        assert isinstance(make_client(scenario, 4), KServeClient)
+        assert isinstance(make_client(scenario), KServeClient)
         results, _ = send_each(data, [(0, 0), (1, 0), (0, 1), (2, 0)])
     assert [o.error for o, _ in results] == [None] * 4
     assert results[0][0].server_timing == {"queue": 0.5, "compute": 1.0}
@@ -334,5 +334,5 @@ def test_kserve_client_serves_several_models_on_one_url():
     assert outputs["y"].shape == (200, 200) and big.decode_ns > 1_000_000
     assert big.end_ns - big.sent_ns > big.encode_ns + big.decode_ns
     assert isinstance(make_client(scenario_from_dict({**data, "target": {**data["target"], "url": "grpc://127.0.0.1:1",
-                                                                         "protocol": "kserve-v2-grpc"}}), 4),
+                                                                         "protocol": "kserve-v2-grpc"}})),
                       KServeGrpcClient)

@@ -41,7 +41,7 @@ def grpc_scenario(address: str, classes: list[dict], **target):
 
 async def send_all(scenario, order: list[int]):
     """(outcome, outputs) of each class in `order`, one after another, through one client."""
-    client = KServeGrpcClient(scenario, list(range(len(scenario.workload.classes))), 10, Payloads(scenario))
+    client = KServeGrpcClient(scenario, list(range(len(scenario.workload.classes))), Payloads(scenario))
     await client.open()
     try:
         return [await client.infer(Request(i, time.perf_counter_ns(), cls, False, item=i)) for i, cls in enumerate(order)]

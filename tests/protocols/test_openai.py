@@ -39,7 +39,7 @@ cache, logs = refserver.cache, refserver.logs
 
 @pytest.fixture(scope="module")
 def stream_target() -> Iterator[str]:
-    """`python -m latscope.stream_target` as a process: ttft 40 ms, itl 15 ms, 10 tokens by default."""
+    """`python -m latscope.targets.stream` as a process: ttft 40 ms, itl 15 ms, 10 tokens by default."""
     with stream_target_process(ttft_ms=40, itl_ms=15, tokens=10) as url:
         yield url
 
@@ -67,7 +67,7 @@ def _send(scenario, order: list[int], prompt_tokens: int = 5, output_tokens: int
     """Send requests of the classes in `order` one after the other on one client (uvloop, as workers do)."""
 
     async def main() -> list[Outcome]:
-        client = make_client(scenario, 4)
+        client = make_client(scenario)
         await client.open()
         try:
             return [await client.send(Request(i, time.perf_counter_ns(), cls, False, prompt_tokens, output_tokens, i))

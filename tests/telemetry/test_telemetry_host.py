@@ -13,13 +13,15 @@ import pandas as pd
 import pytest
 import yaml
 
+from latscope.records import IntervalReport
 from latscope.recorder import Recorder
-from latscope.results import EventLog, read_events, read_summary
+from latscope.results import EventLog, read_events
+from helpers import read_summary
 from latscope.run import run_scenario
 from latscope.scenario import Telemetry as TelemetryConfig
 from latscope.scenario import scenario_from_dict
 from latscope.telemetry.host import HostSampler, loop_lag_sample
-from latscope.telemetry.session import Telemetry
+from latscope.telemetry.session import TelemetrySession
 
 from conftest import REPO, free_port, scenario_dict
 
@@ -61,6 +63,11 @@ def test_host_sampler_sees_each_process_by_pid_and_drops_one_that_ended():
             p.wait()
 
 
+def _report(worker: int, interval: int, histograms: dict) -> IntervalReport:
+    """A worker's interval report holding only these histograms."""
+    return IntervalReport(interval, histograms, {}, {}, 0, {}, [], None, worker=worker)
+
+
 def test_loop_lag_sample_is_the_p99_of_a_worker_interval_report():
     recorder = Recorder()
     for _ in range(98):
@@ -69,10 +76,10 @@ def test_loop_lag_sample_is_the_p99_of_a_worker_interval_report():
         recorder.record("loop_lag", "all", 40_000, warmup=True)  # both halves of an interval across warm-up's end
     recorder.record("latency", "default", 5_000)
     histograms, _ = recorder.snapshot()
-    t_s, device, p99_ms = loop_lag_sample({"worker": 3, "interval": 7, "histograms": histograms}, 0.5)
+    t_s, device, p99_ms = loop_lag_sample(_report(3, 7, histograms), 0.5)
     assert (t_s, device) == (3.5, "worker-3")
     assert p99_ms == pytest.approx(40.0, abs=0.05)  # 3 significant digits
-    assert loop_lag_sample({"worker": 0, "interval": 0, "histograms": {}}, 1.0) is None
+    assert loop_lag_sample(_report(0, 0, {}), 1.0) is None
 
 
 def test_a_run_writes_host_rows_and_per_worker_loop_lag(target, tmp_path):
@@ -136,14 +143,14 @@ def test_a_run_stopped_by_sigterm_still_writes_its_telemetry(target, tmp_path):
 
 def test_rows_stop_at_max_rows_with_one_event_and_one_warning(tmp_path, caplog):
     events = EventLog(tmp_path / "events.jsonl")
-    telemetry = Telemetry(TelemetryConfig(nvml=False), events, [], [], 1.0, max_rows=3)
+    telemetry = TelemetrySession(TelemetryConfig(nvml=False), events, [], [], 1.0, max_rows=3)
     recorder = Recorder()
     with caplog.at_level("WARNING", logger="latscope.telemetry"):
         for k in range(6):
             recorder.record("loop_lag", "all", 100)
-            telemetry.on_interval({"worker": 0, "interval": k, "histograms": recorder.snapshot()[0]})
+            telemetry.on_report(_report(0, k, recorder.snapshot()[0]))
     events.close()
-    telemetry.write(tmp_path / "telemetry.parquet")
+    telemetry.write(tmp_path)
     assert list(pd.read_parquet(tmp_path / "telemetry.parquet").t_s) == [0.0, 1.0, 2.0]
     assert [e["event"] for e in read_events(tmp_path)] == ["telemetry_truncated"]
     assert len([r for r in caplog.records if r.levelname == "WARNING"]) == 1

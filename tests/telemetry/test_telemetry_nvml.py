@@ -12,9 +12,10 @@ import pytest
 from latscope.errors import RunError
 from latscope.results import EventLog, read_events
 from latscope.scenario import Telemetry as TelemetryConfig
-from latscope.telemetry import METRICS, TelemetryUnavailable
+from latscope.results.schema import TELEMETRY_METRICS as METRICS
+from latscope.telemetry import TelemetryUnavailable
 from latscope.telemetry.nvml import open_nvml
-from latscope.telemetry.session import Telemetry
+from latscope.telemetry.session import TelemetrySession
 
 from fake_nvml import FakeGpu, FakeNvml
 
@@ -105,7 +106,7 @@ def real_nvml_works() -> bool:
 def test_real_pynvml_without_a_driver_is_one_event_and_one_warning(tmp_path, caplog):
     events = EventLog(tmp_path / "events.jsonl")
     with caplog.at_level(logging.WARNING, logger="latscope.telemetry"):
-        telemetry = Telemetry.from_config(TelemetryConfig(nvml="auto", host=False), events, 1.0)
+        telemetry = TelemetrySession.from_config(TelemetryConfig(nvml="auto", host=False), events, 1.0)
         telemetry.start(0)
         telemetry.stop()
     events.close()
@@ -120,20 +121,20 @@ def test_real_pynvml_without_a_driver_is_one_event_and_one_warning(tmp_path, cap
 def test_nvml_true_without_nvml_fails_the_run_before_it_starts(tmp_path):
     events = EventLog(tmp_path / "events.jsonl")
     with pytest.raises(RunError, match="telemetry.nvml is true"):
-        Telemetry.from_config(TelemetryConfig(nvml=True), events, 1.0,
+        TelemetrySession.from_config(TelemetryConfig(nvml=True), events, 1.0,
                               nvml=FakeNvml(init_error=pynvml.NVMLError_LibraryNotFound(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)))
 
 
 def test_a_fake_gpu_is_sampled_on_its_thread_and_written(tmp_path):
     events = EventLog(tmp_path / "events.jsonl")
     nvml = FakeNvml(gpus=[FakeGpu(gpm=False)])
-    telemetry = Telemetry.from_config(TelemetryConfig(interval=0.05, host=False), events, 1.0, nvml=nvml)
+    telemetry = TelemetrySession.from_config(TelemetryConfig(interval=0.05, host=False), events, 1.0, nvml=nvml)
     assert telemetry.gpus[0]["uuid"].startswith("GPU-")
     t0 = time.perf_counter_ns()
     telemetry.start(t0)
     time.sleep(0.5)
     telemetry.stop()
-    telemetry.write(tmp_path / "telemetry.parquet")
+    telemetry.write(tmp_path)
     df = pd.read_parquet(tmp_path / "telemetry.parquet")
     util = df[(df.metric == "gpu_util_pct")]
     assert set(df.source) == {"nvml"} and set(df.device) == {"gpu0"}

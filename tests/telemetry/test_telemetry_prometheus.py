@@ -15,7 +15,7 @@ from aiohttp import web
 from latscope.results import EventLog, read_events
 from latscope.scenario import Telemetry as TelemetryConfig
 from latscope.telemetry.prometheus import PrometheusSampler
-from latscope.telemetry.session import Telemetry
+from latscope.telemetry.session import TelemetrySession
 
 from conftest import serve
 
@@ -94,8 +94,7 @@ def test_slow_and_failing_endpoints_are_gaps_not_crashes(tmp_path, caplog):
     with serve(metrics_app(body)) as url, caplog.at_level(logging.WARNING, logger="latscope.telemetry"):
         config = TelemetryConfig.model_validate({"interval": 0.05, "nvml": False, "host": True, "prometheus": [
             {"name": "flaky", "url": f"{url}/metrics", "mapping": {"up": {"metric": "up"}}, "timeout": 0.2}]})
-        telemetry = Telemetry.from_config(config, events, 1.0)
-        telemetry.watch({})
+        telemetry = TelemetrySession.from_config(config, events, 1.0)  # host on: the host's own CPU, no processes
         telemetry.start(time.perf_counter_ns())
         time.sleep(0.6)
         state["mode"] = "error"

@@ -4,20 +4,34 @@ Workers send one report per interval (even an empty one), so interval k is compl
 worker has reported it. A complete interval is merged losslessly across workers, written to the
 interval log, turned into time-series rows, and — for requests outside warm-up phases — added to
 the run's totals. Memory stays flat: only incomplete intervals are held.
+
+The collector knows reports, not workers: whatever sends `IntervalReport`s for `workers` senders
+(local worker processes today, remote engines in a distributed run) can feed it.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
+
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
-from latscope.engine import COUNTERS, ERROR_INDEX, REPLICA_METRIC
-from latscope.hlog import HlogWriter
 from latscope.plan import Plan
+from latscope.records import IntervalReport, Probe
 from latscope.recorder import from_sparse, new_histogram, summarize
+from latscope.results.hlog import HlogWriter
+from latscope.results.schema import ALL, COUNTERS, ERROR_INDEX, REPLICA_METRIC, ROW_STATS
 
-ALL = "all"
+
+@dataclass(frozen=True)
+class Pace:
+    """Where the run is, as of the latest complete interval (the live display and live metrics)."""
+
+    phase: str
+    offered_rps: float  # scheduled requests per second over that interval, all classes
+    achieved_rps: float  # completed requests per second over it
+    in_flight: int  # at its end
 
 
 def with_all(by_class: dict[str, HdrHistogram]) -> dict[str, HdrHistogram]:
@@ -52,8 +66,8 @@ class Collector:
         self.new_replicas: list[tuple[str, int, int | None]] = []  # first seen since the run last took them
         self.first_ok: tuple[int, int] | None = None  # (end ns, latency µs) of the run's first successful response
         self.new_first_ok = False  # first_ok was set since the run last looked
-        self.new_probes: list[dict] = []  # probe outcomes (engine.py) since the run last took them
-        self._pending: dict[int, list[dict]] = defaultdict(list)
+        self.new_probes: list[Probe] = []  # probe outcomes (intervals.py) since the run last took them
+        self._pending: dict[int, list[IntervalReport]] = defaultdict(list)
         # Scheduled requests per (interval, class, warmup), for the offered rate over time.
         self._scheduled: dict[tuple[int, str, bool], int] = {}
         if len(plan):
@@ -63,9 +77,9 @@ class Collector:
                 k, rest = divmod(int(code), width)
                 self._scheduled[(k, plan.class_names[rest // 2], bool(rest % 2))] = int(counts[code])
 
-    def add(self, report: dict) -> None:
+    def add(self, report: IntervalReport) -> None:
         """One worker's report for one interval."""
-        self._pending[report["interval"]].append(report)
+        self._pending[report.interval].append(report)
         while len(self._pending.get(self.completed_intervals, ())) >= self.workers:
             self._complete(self.completed_intervals)
 
@@ -81,32 +95,32 @@ class Collector:
         interval: dict[str, dict[str, HdrHistogram]] = defaultdict(dict)  # warm-up included
         counts: dict[tuple[str, bool], np.ndarray] = defaultdict(lambda: np.zeros(len(COUNTERS), np.int64))
         for report in reports:
-            for (metric, cls, warmup), sparse in report["histograms"].items():
+            for (metric, cls, warmup), sparse in report.histograms.items():
                 h = from_sparse(*sparse)
                 _add(interval[metric], cls, h)
                 if not warmup:
                     _add(self.totals[metric], cls, h)
-            for metric, n in report["clamped"].items():
+            for metric, n in report.clamped.items():
                 self.clamped[metric] += n
-            for (ci, warmup), row in report["counters"].items():
+            for (ci, warmup), row in report.counters.items():
                 key = (self.plan.class_names[ci], warmup)
                 counts[key] += row
                 self.counters[key] += row
-            self.new_probes.extend(report.get("probes", ()))
+            self.new_probes.extend(report.probes)
         # Workers report in no particular order: the earliest response wins, whichever worker saw it.
-        firsts = [r["first_ok"] for r in reports if r.get("first_ok")]
+        firsts = [r.first_ok for r in reports if r.first_ok]
         if firsts and self.first_ok is None:
             self.first_ok = min(map(tuple, firsts))
             self.new_first_ok = True
         seen: dict[str, tuple[int, int | None]] = {}
         for report in reports:
-            for replica, first in report.get("replicas", {}).items():
+            for replica, first in report.replicas.items():
                 if replica not in self.replicas and (replica not in seen or first[0] < seen[replica][0]):
                     seen[replica] = tuple(first)
         for replica, first in sorted(seen.items(), key=lambda item: item[1][0]):
             self.replicas[replica] = first
             self.new_replicas.append((replica, *first))
-        self.last_in_flight = sum(r["in_flight"] for r in reports)
+        self.last_in_flight = sum(r.in_flight for r in reports)
         self._write(k, interval, counts)
 
     def _write(self, k: int, interval: dict, counts: dict) -> None:
@@ -154,6 +168,12 @@ class Collector:
                     }
                 )
 
+    def pace(self, elapsed_s: float) -> Pace:
+        """The run's pace as of the latest complete interval, in the phase of `elapsed_s`."""
+        last = self.last_interval
+        return Pace(self.phase_at(max(0.0, elapsed_s - 1e-9)), last.get("scheduled", 0) / self.interval_s,
+                    last.get("completed", 0) / self.interval_s, self.last_in_flight)
+
     def phase_at(self, t: float) -> str:
         for p in self.plan.phases:
             if p.start_s <= t < p.start_s + p.duration_s:
@@ -170,8 +190,6 @@ class Collector:
         """Latency over all classes so far (for live progress)."""
         return summarize(with_all(self.totals["latency"])[ALL]) if self.totals.get("latency") else {"count": 0}
 
-
-ROW_STATS = ("count", "min_ms", "mean_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "p99.9_ms", "max_ms")
 
 
 def _add(by_class: dict[str, HdrHistogram], cls: str, h: HdrHistogram) -> None:

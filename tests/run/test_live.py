@@ -16,14 +16,14 @@ from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
 from latscope.cli import main
-from latscope.collector import Collector
-from latscope.engine import COUNTERS
 from latscope.errors import RunError
-from latscope.live import start_live_metrics
 from latscope.plan import build_plan
-from latscope.records import ERROR_KINDS
+from latscope.records import IntervalReport
 from latscope.recorder import Recorder
-from latscope.results import read_summary
+from latscope.results.schema import COUNTERS, ERROR_KINDS
+from latscope.run.collector import Collector
+from latscope.run.live import start_live_metrics
+from helpers import read_summary
 from latscope.run import Progress, run_scenario
 from latscope.scenario import scenario_from_dict
 
@@ -124,7 +124,7 @@ def test_live_endpoint_follows_a_real_run_and_is_gone_after_it(tmp_path):
         s.bind(("127.0.0.1", port))
 
 
-def _report(k: int, latency_us: int, n: int) -> dict:
+def _report(k: int, latency_us: int, n: int) -> IntervalReport:
     """One worker's interval report, made by the engine's real Recorder: n "a" requests of latency_us."""
     recorder = Recorder()
     for _ in range(n):
@@ -132,8 +132,7 @@ def _report(k: int, latency_us: int, n: int) -> dict:
     histograms, clamped = recorder.snapshot()
     row = np.zeros(len(COUNTERS), np.int64)
     row[COUNTERS.index("sent")] = row[COUNTERS.index("completed")] = n
-    return {"type": "interval", "interval": k, "histograms": histograms, "clamped": clamped,
-            "counters": {(0, False): row}, "in_flight": 3, "replicas": {}}
+    return IntervalReport(k, histograms, clamped, {(0, False): row}, 3, {}, [], None)
 
 
 def test_the_window_rolls_over_the_last_complete_intervals(tmp_path):
@@ -151,7 +150,7 @@ def test_the_window_rolls_over_the_last_complete_intervals(tmp_path):
         p99 = []
         for k, latency_us in enumerate((1_000, 2_000, 100_000)):  # 1 ms, then 2 ms, then 100 ms
             collector.add(_report(k, latency_us, 100))
-            live.update(collector, elapsed_s=(k + 1) * 0.5)
+            live.on_interval(collector, elapsed_s=(k + 1) * 0.5)
             samples = scrape(url)
             p99.append(value(samples, "latscope_window_latency_seconds", metric="latency", quantile="0.99", **{"class": "a"}))
             p50 = value(samples, "latscope_window_latency_seconds", metric="latency", quantile="0.5", **{"class": "all"})

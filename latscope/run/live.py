@@ -15,7 +15,7 @@ Exported (seconds as base unit; `class` = a workload class of the scenario):
                                                                  over the last complete interval, all classes
     latscope_in_flight                                           requests in flight at its end
     latscope_requests_{scheduled,sent,completed,dropped}_total{class}
-    latscope_request_errors_total{class, kind}                   every kind of records.ERROR_KINDS, 0 included
+    latscope_request_errors_total{class, kind}                   every kind of results.schema.ERROR_KINDS, 0 included
     latscope_window_latency_seconds{metric, class, quantile}     quantile 0.5 / 0.99 / 0.999 over the rolling
                                                                  window, per recorded metric (latency,
                                                                  service_time, send_lag, ttft, itl, ...) and
@@ -40,8 +40,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 from hdrh.histogram import HdrHistogram
@@ -49,13 +48,11 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector as PrometheusCollector
 
-from latscope.engine import COUNTERS, ERROR_INDEX, REPLICA_METRIC
 from latscope.errors import RunError
-from latscope.records import ERROR_KINDS
 from latscope.recorder import Sparse, from_sparse, to_sparse, values_at
-
-if TYPE_CHECKING:
-    from latscope.collector import Collector
+from latscope.results.schema import COUNTERS, ERROR_INDEX, ERROR_KINDS, REPLICA_METRIC
+from latscope.run.collector import Collector, Pace
+from latscope.run.parts import RunPart
 
 QUANTILES = (0.5, 0.99, 0.999)
 DEFAULT_WINDOW_S = 10.0
@@ -72,17 +69,9 @@ class _Snapshot(PrometheusCollector):
         yield from self.families
 
 
-@dataclass
-class _State:
-    elapsed_s: float = 0.0
-    phase: str = ""
-    offered_rps: float = 0.0
-    achieved_rps: float = 0.0
-    in_flight: int = 0
-
-
-class LiveMetrics:
-    """The live endpoint of one run: `update()` after each complete interval, `close()` at the end."""
+class LiveMetrics(RunPart):
+    """The live endpoint of one run, a run part (parts.py): `on_interval()` after each complete
+    interval; `close()` when the run is over (run_scenario owns the endpoint's lifetime)."""
 
     def __init__(self, server, thread: threading.Thread, registry: CollectorRegistry, host: str,
                  *, scenario: str, class_names: Iterable[str], interval_s: float, window_s: float,
@@ -96,7 +85,8 @@ class LiveMetrics:
         self.interval_s = interval_s
         self.window_intervals = max(1, round(window_s / interval_s))
         self._window: deque[dict[tuple[str, str], Sparse]] = deque(maxlen=self.window_intervals)
-        self._state = _State()
+        self._elapsed_s = 0.0
+        self._pace = Pace("", 0.0, 0.0, 0)
         self._totals = np.zeros((len(self.class_names), len(COUNTERS)), np.int64)
         self._scheduled = np.zeros(len(self.class_names), np.int64)
         self._scheduled_upto = 0  # plan requests counted into _scheduled so far
@@ -116,17 +106,10 @@ class LiveMetrics:
         self.run_dir = run_dir
         self._publish()
 
-    def update(self, collector: Collector, elapsed_s: float) -> None:
+    def on_interval(self, collector: Collector, elapsed_s: float) -> None:
         """Take the collector's latest complete interval (call once per completed interval)."""
         interval_s = collector.interval_s
-        last = collector.last_interval
-        self._state = _State(
-            elapsed_s=elapsed_s,
-            phase=collector.phase_at(max(0.0, elapsed_s - 1e-9)),
-            offered_rps=last.get("scheduled", 0) / interval_s,
-            achieved_rps=last.get("completed", 0) / interval_s,
-            in_flight=collector.last_in_flight,
-        )
+        self._elapsed_s, self._pace = elapsed_s, collector.pace(elapsed_s)
         totals = np.zeros_like(self._totals)
         index = {name: i for i, name in enumerate(self.class_names)}
         for (name, _warmup), row in collector.counters.items():
@@ -170,7 +153,7 @@ class LiveMetrics:
         return out
 
     def _publish(self) -> None:
-        s = self._state
+        s = self._pace
         families: list[Metric] = []
         info = GaugeMetricFamily("latscope_run_info", "The run being measured (scenario name, results directory)",
                                  labels=["scenario", "run_dir"])
@@ -181,7 +164,7 @@ class LiveMetrics:
             phase.add_metric([s.phase], 1)
         families.append(phase)
         for name, doc, value in (
-            ("latscope_run_elapsed_seconds", "Time since the run's start, as of the last complete interval", s.elapsed_s),
+            ("latscope_run_elapsed_seconds", "Time since the run's start, as of the last complete interval", self._elapsed_s),
             ("latscope_offered_rps", "Requests scheduled per second over the last complete interval (all classes)",
              s.offered_rps),
             ("latscope_achieved_rps", "Requests completed per second over the last complete interval (all classes)",

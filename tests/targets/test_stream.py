@@ -1,4 +1,4 @@
-"""latscope.stream_target, run as a real subprocess and read at the byte level: OpenAI SSE shape, one
+"""latscope.targets.stream, run as a real subprocess and read at the byte level: OpenAI SSE shape, one
 event per chunk, token times (`t_ns`) against the requested schedule, fault modes, limits, shutdown."""
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from typing import Any, Iterator
 
 import pytest
 
-from latscope.stream_target import MAX_BODY_BYTES, StreamProtocol, Ticker, Timing
+from latscope.targets.stream import MAX_BODY_BYTES, StreamProtocol, Ticker, Timing
 
 DEFAULTS = ["--ttft-ms", "20", "--itl-ms", "5", "--tokens", "5"]
 
 
 def start(*args: str) -> tuple[subprocess.Popen[str], int]:
-    proc = subprocess.Popen([sys.executable, "-m", "latscope.stream_target", "--port", "0", *args],
+    proc = subprocess.Popen([sys.executable, "-m", "latscope.targets.stream", "--port", "0", *args],
                             stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     m = re.fullmatch(r"ready http://127\.0\.0\.1:(\d+)\n", line)

@@ -1,4 +1,4 @@
-"""Scenario actions (latscope/actions.py): commands, HTTP calls and target restarts at planned times
+"""Scenario actions (latscope/run/actions.py): commands, HTTP calls and target restarts at planned times
 of real runs, their events, secret scrubbing, stopping early, and the schema's error messages."""
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ import pytest
 from aiohttp import web
 
 from latscope.errors import ScenarioError
+from latscope.plan import action_times
 from latscope.report.figures import add_phases_and_events
-from latscope.results import read_events, read_summary
+from latscope.results import read_events
+from helpers import read_summary
 from latscope.run import run_scenario
 from latscope.scenario import load_scenario, scenario_from_dict
 
@@ -130,7 +132,7 @@ def mixed_run(tmp_path_factory):
 
 
 def _target_app() -> web.Application:
-    from latscope.builtin_target import make_app
+    from latscope.targets.echo import make_app
 
     return make_app(delay_ms=1)
 
@@ -156,7 +158,7 @@ def test_failed_actions_are_recorded_and_the_run_completes(mixed_run):
 
 def test_when_resolves_to_the_phase_start_plus_after(mixed_run):
     scenario, _, events, _ = mixed_run
-    assert scenario.action_times()[-1] == 1.5  # phase `second` starts at 1 s, plus 500 ms
+    assert action_times(scenario)[-1] == 1.5  # phase `second` starts at 1 s, plus 500 ms
     start = _by(events, "action_start")["later"]
     assert start["planned_at_s"] == 1.5 and abs(start["t_s"] - 1.5) <= 0.050
     second = next(e for e in events if e["event"] == "phase_start" and e["phase"] == "second")

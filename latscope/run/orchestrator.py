@@ -1,11 +1,16 @@
-"""One run, end to end: launch the target, plan, start the workers, collect, write the results.
+"""One run, end to end: launch the target, start the workers, collect, stop, write the results.
 
 The parent process does no sending. It starts N worker processes (each rebuilds the plan from the
 scenario and sends its share, see engine.py), gives them one common start time on the monotonic
-clock, merges their interval reports as they arrive, and writes the results directory. Ctrl-C,
-SIGTERM, a target that dies or a worker that fails all end the run the same way: workers are told
-to stop, what was measured is collected, and a complete directory marked `"partial": true` is
+clock, merges their interval reports as they arrive (collector.py), and writes the results directory
+(summary.py). Telemetry, scenario actions and live metrics run beside it as run parts (parts.py).
+Ctrl-C, SIGTERM, a target that dies or a worker that fails all end the run the same way: workers are
+told to stop, what was measured is collected, and a complete directory marked `"partial": true` is
 written.
+
+    run_scenario: plan -> results dir (scenario.yaml, schedule) -> _Run.execute: launch -> workers
+                  -> ready -> t0 -> parts start -> collect ... -> _Run.close: parts stop -> workers
+                  and target stop -> parts write -> summary.write_results -> report
 """
 
 from __future__ import annotations
@@ -13,10 +18,8 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
-import platform
 import queue as queue_module
 import signal
-import socket
 import sys
 import threading
 import time
@@ -28,32 +31,30 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from latscope import __version__
-from latscope.analysis.verdicts import slo_verdicts, validity
-from latscope.actions import ActionRunner
-from latscope.collector import ROW_STATS, Collector
-from latscope.engine import COUNTERS, ERROR_INDEX, OUTPUT_TOKENS, OUTPUT_TOKENS_USAGE, PROMPT_TOKENS, WorkerSpec, worker_main
-from latscope.errors import RunError
-from latscope.hlog import HlogWriter
-from latscope.launch import LaunchedTarget, start_target, stop_target
-from latscope.live import LiveMetrics, start_live_metrics
-from latscope.plan import Plan, after_idle, build_plan
-from latscope.records import ERROR_KINDS
-from latscope.recorder import summarize
 from latscope import results
+from latscope.engine import WorkerSpec, worker_main
+from latscope.errors import RunError
+from latscope.plan import Plan, after_idle, build_plan
+from latscope.records import IntervalReport, WorkerDone, WorkerFailed, WorkerMessage, WorkerReady
+from latscope.results.hlog import HlogWriter
+from latscope.results.schema import COMPLETED, ERROR_INDEX, SENT
+from latscope.run.actions import ActionRunner
+from latscope.run.collector import Collector
+from latscope.run.launch import LaunchedTarget, start_target, stop_target
+from latscope.run.live import LiveMetrics, start_live_metrics
+from latscope.run.parts import RunPart
+from latscope.run.summary import RunFacts, write_results
 from latscope.scenario import Scenario, redacted_yaml
-from latscope.telemetry.session import Telemetry, worker_processes
+from latscope.telemetry.session import TelemetrySession, worker_processes
 from latscope.workload import Payloads
 
 START_DELAY_S = 0.2  # between "all workers ready" and the first intended send
 READY_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0  # how long stopped workers get to report what they measured
-# summary.json lists these first, in this order, then any other metric (server.<part>, ...) by name.
 # Events the live progress display shows as they happen.
 NOTABLE_EVENTS = {"target_ready", "target_stopped", "action_end", "action_skipped", "replica_first_seen",
                   "first_after_idle", "abort"}
 RECENT_EVENTS = 8
-METRIC_ORDER = ("latency", "service_time", "send_lag", "ttft", "itl", "tpot", "encode", "network", "decode")
 
 
 @dataclass
@@ -119,38 +120,28 @@ def run_scenario(
     live = _start_live(scenario, plan, metrics_port, metrics_host)  # a taken port fails here, before any file
     try:
         run_dir = results.create_run_dir(scenario.output.dir, scenario.name, started_wall, out)
-    except BaseException:
+        results.write_text(run_dir / results.SCENARIO, redacted_yaml(scenario))
+        events = results.EventLog(run_dir / results.EVENTS)
+        if scenario.output.save_schedule:
+            _write_schedule(run_dir, plan)
+        run = _Run(scenario, plan, workers, run_dir, events, on_progress)
         if live is not None:
-            live.close()
-        raise
-    results.write_text(run_dir / results.SCENARIO, redacted_yaml(scenario))
-    events = results.EventLog(run_dir / results.EVENTS)
-    if scenario.output.save_schedule:
-        results.write_table(
-            run_dir / results.SCHEDULE,
-            {
-                "intended_s": plan.offsets_s,
-                "phase": np.array([p.name for p in plan.phases])[plan.phase] if len(plan) else np.array([], str),
-                "class": np.array(plan.class_names)[plan.cls] if len(plan) else np.array([], str),
-                "prompt_tokens": plan.prompt_tokens,
-                "output_tokens": plan.output_tokens,
-            },
-        )
-    run = _Run(scenario, plan, workers, run_dir, events, on_progress)
-    run.live = live
-    if live is not None:
-        live.set_run_dir(str(run_dir))
-        events.listeners.append(live.on_event)
-    stop = _StopRequest()
-    with _signals_to(stop):
-        try:
-            run.execute(stop)
-        except RunError as exc:
-            run.failure = str(exc)
-            run.abort_reason = run.abort_reason or str(exc).splitlines()[0]
-        finally:
-            run.close()
-    summary = _add_cold_start(run_dir, run.write_summary(started_wall))
+            live.set_run_dir(str(run_dir))
+            events.listeners.append(live.on_event)
+            run.parts.append(live)
+        stop = _StopRequest()
+        with _signals_to(stop):
+            try:
+                run.execute(stop)
+            except RunError as exc:
+                run.failure = str(exc)
+                run.abort_reason = run.abort_reason or str(exc).splitlines()[0]
+            finally:
+                run.close()
+        summary = write_results(run_dir, run.facts(started_wall), events)
+    finally:
+        if live is not None:
+            live.close()  # the endpoint is served until the results are written
     if scenario.output.report:
         _write_report(run_dir)
     if run.failure:
@@ -158,20 +149,18 @@ def run_scenario(
     return RunResult(run_dir, summary)
 
 
-def _add_cold_start(run_dir: Path, summary: dict) -> dict:
-    """summary.json gains `cold_start`, analysed from the results just written (the analysis reads a
-    results directory, as the report does). A failed analysis is a warning, never a lost run."""
-    try:
-        from latscope.analysis.coldstart import cold_start_summary
-        from latscope.analysis.run_data import load_run
-
-        summary["cold_start"] = cold_start_summary(load_run(run_dir))
-    except Exception as exc:  # noqa: BLE001 - the measurements are written; only this key is missing
-        logging.getLogger("latscope.run").warning("cold-start analysis failed (%s: %s); summary.json has no cold_start",
-                                                  type(exc).__name__, exc)
-        summary["cold_start"] = None
-    results.write_json(run_dir / results.SUMMARY, summary)
-    return summary
+def _write_schedule(run_dir: Path, plan: Plan) -> None:
+    """schedule.parquet: the realized schedule, one row per planned request (results.schema.SCHEDULE_COLUMNS)."""
+    results.write_table(
+        run_dir / results.SCHEDULE,
+        {
+            "intended_s": plan.offsets_s,
+            "phase": np.array([p.name for p in plan.phases])[plan.phase] if len(plan) else np.array([], str),
+            "class": np.array(plan.class_names)[plan.cls] if len(plan) else np.array([], str),
+            "prompt_tokens": plan.prompt_tokens,
+            "output_tokens": plan.output_tokens,
+        },
+    )
 
 
 def _start_live(scenario: Scenario, plan: Plan, port: int | None, host: str) -> LiveMetrics | None:
@@ -198,10 +187,12 @@ def _write_report(run_dir: Path) -> None:
 
 
 class _Run:
-    def __init__(self, scenario: Scenario, plan: Plan, workers: int, run_dir: Path, events, on_progress):
+    def __init__(self, scenario: Scenario, plan: Plan, workers: int, run_dir: Path, events: results.EventLog,
+                 on_progress: Callable[[Progress], None] | None):
         self.scenario, self.plan, self.workers, self.run_dir = scenario, plan, workers, run_dir
         self.events = events
         self.on_progress = on_progress
+        self.parts: list[RunPart] = []  # hooked in at the run's moments (parts.py), in this order
         self.target: LaunchedTarget | None = None
         self.actions: ActionRunner | None = None  # the scenario's actions (actions.py); may restart the target
         self.abort_reason: str | None = None
@@ -210,13 +201,11 @@ class _Run:
         self.t0_wall: float | None = None
         self.end_ns: int | None = None
         self.abort_ns: int | None = None
-        self.done: dict[int, dict] = {}
+        self.done: dict[int, WorkerDone | None] = {}  # worker -> its last message (None: it died or failed)
         self.processes: list = []
-        hlog_file = open(run_dir / f".{results.HLOG}.tmp", "w")
-        self._hlog_file = hlog_file
+        self._hlog_file = open(run_dir / f".{results.HLOG}.tmp", "w")
         self.collector: Collector | None = None
-        self.telemetry: Telemetry | None = None
-        self.live: LiveMetrics | None = None  # set by run_scenario when --metrics-port is given
+        self.telemetry: TelemetrySession | None = None
         self.launched: tuple[int, int] | None = None  # (started, ready) perf_counter_ns of the first launch
         self._launch_logged = False
         probes, gaps = after_idle(plan)
@@ -238,7 +227,9 @@ class _Run:
 
     def execute(self, stop: _StopRequest) -> None:
         scenario = self.scenario
-        self.telemetry = Telemetry.from_config(scenario.telemetry, self.events, scenario.output.interval)
+        self.telemetry = TelemetrySession.from_config(scenario.telemetry, self.events, scenario.output.interval,
+                                                      processes=lambda: worker_processes(self.processes))
+        self.parts.insert(0, self.telemetry)
         if scenario.target.launch is not None:
             self.target = start_target(
                 scenario.target.launch,
@@ -261,7 +252,6 @@ class _Run:
             )
             process.start()
             self.processes.append(process)
-        self.telemetry.watch(worker_processes(self.processes))
         self._stop_event = stop_event
         if not self._wait_ready(queue, stop):
             return
@@ -272,9 +262,11 @@ class _Run:
         self.events.t0_ns = self.t0_ns
         self._log_launch()  # now on the run's clock: before t = 0
         if scenario.actions:
+            # First among the parts: stopped first, no action (a restart) starts while the run is torn down.
             self.actions = ActionRunner(scenario, self.plan, self.events, self, cancelled=lambda: self.abort_reason is not None)
-            self.actions.start(self.t0_ns)
-        self.telemetry.start(self.t0_ns)
+            self.parts.insert(0, self.actions)
+        for part in self.parts:
+            part.start(self.t0_ns)
         self.collector = Collector(
             self.workers, self.plan, scenario.output.interval, HlogWriter(self._hlog_file, self.t0_wall)
         )
@@ -296,9 +288,10 @@ class _Run:
                 if time.monotonic() > deadline or any(p.exitcode is not None for p in self.processes):
                     raise RunError("workers did not start; " + self._dead_workers()) from None
                 continue
-            if message["type"] == "failed":
-                raise RunError(f"worker {message['worker']} failed to start:\n{message['error']}")
-            ready.add(message["worker"])
+            if isinstance(message, WorkerFailed):
+                raise RunError(f"worker {message.worker} failed to start:\n{message.error}")
+            if isinstance(message, WorkerReady):
+                ready.add(message.worker)
         return True
 
     def _dead_workers(self) -> str:
@@ -334,27 +327,29 @@ class _Run:
                         self.failure = f"worker {i} exited unexpectedly with code {p.exitcode}"
                         self._abort(self.failure)
                         grace_deadline = grace_deadline or now + STOP_GRACE_S
-                        self.done[i] = {}
+                        self.done[i] = None
                 continue
             self._handle(message)
 
-    def _handle(self, message: dict) -> None:
-        kind = message["type"]
-        if kind == "interval":
-            self.telemetry.on_interval(message)
+    def _handle(self, message: WorkerMessage) -> None:
+        if isinstance(message, IntervalReport):
+            for part in self.parts:
+                part.on_report(message)
             before = self.collector.completed_intervals
             self.collector.add(message)
             self._emit_firsts()
-            if self.collector.completed_intervals > before and self.live is not None:
-                self.live.update(self.collector, self._elapsed_s())  # before on_progress: both see this interval
-            if self.collector.completed_intervals > before and self.on_progress:
-                self.on_progress(self.progress())
-        elif kind == "done":
-            self.done[message["worker"]] = message
-        elif kind == "failed":
-            self.failure = f"worker {message['worker']} failed:\n{message['error']}"
-            self._abort(f"worker {message['worker']} failed")
-            self.done[message["worker"]] = {}
+            if self.collector.completed_intervals > before:
+                elapsed = self._elapsed_s()
+                for part in self.parts:  # before on_progress: both see this interval
+                    part.on_interval(self.collector, elapsed)
+                if self.on_progress:
+                    self.on_progress(self.progress())
+        elif isinstance(message, WorkerDone):
+            self.done[message.worker] = message
+        elif isinstance(message, WorkerFailed):
+            self.failure = f"worker {message.worker} failed:\n{message.error}"
+            self._abort(f"worker {message.worker} failed")
+            self.done[message.worker] = None
 
     def _log_launch(self) -> None:
         """target_launch and target_ready of the first launch, once: logged when t = 0 is known, so
@@ -378,13 +373,12 @@ class _Run:
             self.events.emit("replica_first_seen", at_ns=first_ns, replica=replica,
                              latency_ms=None if latency_us is None else latency_us / 1000)
         c.new_replicas.clear()
-        for probe in sorted(c.new_probes, key=lambda p: p["seq"]):
-            seq = probe["seq"]
-            self.events.emit("first_after_idle", at_ns=probe["end_ns"], request=seq,
-                             intended_s=round(float(self.plan.offsets_s[seq]), 6),
-                             idle_gap_s=round(self.idle_gaps.get(seq, 0.0), 6),
-                             phase=self.plan.phases[int(self.plan.phase[seq])].name,
-                             latency_ms=probe["latency_us"] / 1000, error=probe["error"], replica=probe["replica"])
+        for probe in sorted(c.new_probes, key=lambda p: p.seq):
+            self.events.emit("first_after_idle", at_ns=probe.end_ns, request=probe.seq,
+                             intended_s=round(float(self.plan.offsets_s[probe.seq]), 6),
+                             idle_gap_s=round(self.idle_gaps.get(probe.seq, 0.0), 6),
+                             phase=self.plan.phases[int(self.plan.phase[probe.seq])].name,
+                             latency_ms=probe.latency_us / 1000, error=probe.error, replica=probe.replica)
         c.new_probes.clear()
 
     def _abort(self, reason: str) -> None:
@@ -405,34 +399,27 @@ class _Run:
                 return self.failure
         return None
 
-    def _run_clock(self, ns: int | None) -> float | None:
-        return round((ns - self.t0_ns) / 1e9, 6) if ns is not None and self.t0_ns is not None else None
-
     def _elapsed_s(self) -> float:
         return (time.perf_counter_ns() - self.t0_ns) / 1e9 if self.t0_ns else 0.0
 
     def progress(self) -> Progress:
         c = self.collector
-        last = c.last_interval
-        totals = c.counters
-        sent = sum(int(v[COUNTERS.index("sent")]) for v in totals.values())
-        completed = sum(int(v[COUNTERS.index("completed")]) for v in totals.values())
-        errors = sum(int(v[ERROR_INDEX[k]]) for v in totals.values() for k in ERROR_KINDS)
-        latency = c.latency_so_far()
-        interval = self.scenario.output.interval
         elapsed = self._elapsed_s()
+        pace = c.pace(elapsed)
+        rows = c.counters.values()
+        latency = c.latency_so_far()
         with self._recent_lock:
             recent, seen = list(self.recent_events), self.events_seen
         return Progress(
             elapsed_s=elapsed,
             duration_s=self.plan.duration_s,
-            phase=c.phase_at(max(0.0, elapsed - 1e-9)),
-            offered_rps=last.get("scheduled", 0) / interval,
-            achieved_rps=last.get("completed", 0) / interval,
-            in_flight=c.last_in_flight,
-            sent=sent,
-            completed=completed,
-            errors=errors,
+            phase=pace.phase,
+            offered_rps=pace.offered_rps,
+            achieved_rps=pace.achieved_rps,
+            in_flight=pace.in_flight,
+            sent=sum(int(v[SENT]) for v in rows),
+            completed=sum(int(v[COMPLETED]) for v in rows),
+            errors=sum(int(v[i]) for v in rows for i in ERROR_INDEX.values()),
             p50_ms=latency.get("p50_ms"),
             p99_ms=latency.get("p99_ms"),
             stopping=self.abort_reason,
@@ -443,13 +430,11 @@ class _Run:
     # -- teardown and results ------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop telemetry, workers and target; finish the interval log and telemetry.parquet. Runs
-        whatever happened before."""
+        """Stop the parts, the workers and the target; finish the interval log; let the parts write
+        their files. Runs whatever happened before."""
         self._log_launch()  # when the run ended before t = 0
-        if self.actions is not None:  # first: no action (a restart) may start while the run is torn down
-            self.actions.stop(self.abort_reason or "the run ended before the action's time")
-        if self.telemetry is not None:
-            self.telemetry.stop()  # first: its samples end with the run, not after the teardown
+        for part in self.parts:
+            part.stop(self.abort_reason)
         if self.processes:
             self._stop_event.set()
         for p in self.processes:
@@ -465,148 +450,19 @@ class _Run:
             self._emit_firsts()
         self._hlog_file.close()
         os.replace(self._hlog_file.name, self.run_dir / results.HLOG)
-        if self.telemetry is not None:
-            self.telemetry.write(self.run_dir / results.TELEMETRY)
-        if self.live is not None:
-            self.live.close()  # last: the endpoint is served until the run is over
+        for part in self.parts:
+            part.write(self.run_dir)
 
-    def write_summary(self, started_wall: float) -> dict:
-        c = self.collector
-        metrics, rows = {}, []
-        if c is not None:
-            totals = c.totals_with_all()
-            ordered = [m for m in METRIC_ORDER if m in totals] + sorted(m for m in totals if m not in METRIC_ORDER)
-            metrics = {m: {cls: summarize(h) for cls, h in totals[m].items()} for m in ordered}
-            rows = c.rows
-        results.write_rows(
-            self.run_dir / results.TIMESERIES,
-            rows,
-            ["interval_start_s", "interval_s", "phase", "metric", "class", *ROW_STATS, "scheduled", *COUNTERS,
-             "errors", "in_flight"],
-        )
-        requests, by_class, errors, warmup = self._request_counts()
-        window = self._measured_window_s()
-        measured = ~self.plan.warmup & (self.plan.offsets_s < self._executed_s())
-        offered = int(measured.sum())
-        verdict, reasons = validity(metrics, requests, self.scenario.validity, self.scenario.limits.max_in_flight)
-        summary = {
-            "schema_version": results.SCHEMA_VERSION,
-            "scenario": self.scenario.name,
-            "started_at": results.utc_stamp(self.t0_wall or started_wall),
-            "duration_s": round(((self.end_ns or 0) - (self.t0_ns or 0)) / 1e9, 3) if self.t0_ns else 0.0,
-            "partial": self.abort_reason is not None,
-            "abort_reason": self.abort_reason,
-            "validity": verdict,
-            "validity_reasons": reasons,
-            "requests": requests,
-            "requests_by_class": by_class,
-            "warmup_requests": warmup,
-            "throughput": {
-                "offered_rps": round(offered / window, 3) if window else 0.0,
-                "achieved_rps": round(requests["completed"] / window, 3) if window else 0.0,
-                "measured_window_s": round(window, 3),
-            },
-            "metrics": metrics,
-            "tokens": self._tokens(window),
-            "errors": errors,
-            "error_examples": self._error_examples(),
-            "slo": slo_verdicts(metrics, self.scenario.slos, requests, requests["completed"] / window if window else 0.0),
-            "phases": [
-                {"name": p.name, "start_s": p.start_s, "duration_s": p.duration_s, "warmup": p.warmup}
-                for p in self.plan.phases
-            ],
-            "generator": {
-                "workers": self.workers,
-                "interval_s": self.scenario.output.interval,
-                "clamped_values": dict(c.clamped) if c else {},
-                "target_ready_after_s": round((self.launched[1] - self.launched[0]) / 1e9, 4) if self.launched else None,
-                # the launched target's start and readiness on the run's clock (negative: before t=0)
-                "target_launched_at_s": self._run_clock(self.launched and self.launched[0]),
-                "target_ready_at_s": self._run_clock(self.launched and self.launched[1]),
-            },
-            "environment": {
-                "latscope": __version__,
-                "python": platform.python_version(),
-                "platform": platform.platform(),
-                "host": socket.gethostname(),
-                "cpus": os.cpu_count(),
-                "gpus": self.telemetry.gpus if self.telemetry else [],
-            },
-        }
-        results.write_json(self.run_dir / results.SUMMARY, summary)
-        self.events.emit("run_end", partial=summary["partial"], validity=verdict)
-        self.events.close()
-        return summary
-
-    def _request_counts(self) -> tuple[dict, dict, dict, dict]:
-        """(requests, requests_by_class, errors by kind, warm-up requests), outside warm-up unless named."""
-        counters = self.collector.counters if self.collector else {}
-
-        def counts(rows: list[np.ndarray], scheduled: int) -> dict:
-            total = sum(rows, np.zeros(len(COUNTERS), np.int64))
-            sent, dropped = int(total[COUNTERS.index("sent")]), int(total[COUNTERS.index("dropped")])
-            return {
-                "scheduled": scheduled,
-                "sent": sent,
-                "completed": int(total[COUNTERS.index("completed")]),
-                "errors": int(sum(total[ERROR_INDEX[k]] for k in ERROR_KINDS)),
-                "dropped": dropped,
-                "late": int(total[COUNTERS.index("late")]),
-                "cancelled": int(total[COUNTERS.index("cancelled")]),
-                "not_sent": scheduled - sent - dropped,
-                "_errors": {k: int(total[ERROR_INDEX[k]]) for k in ERROR_KINDS},
-            }
-
-        measured = ~self.plan.warmup
-        requests = counts([v for (_, w), v in counters.items() if not w], int(measured.sum()))
-        by_class = {}
-        for i, name in enumerate(self.plan.class_names):
-            scheduled = int((measured & (self.plan.cls == i)).sum())
-            by_class[name] = counts([v for (n, w), v in counters.items() if n == name and not w], scheduled)
-            del by_class[name]["_errors"]
-        warmup = counts([v for (_, w), v in counters.items() if w], int(self.plan.warmup.sum()))
-        del warmup["_errors"]
-        errors = requests.pop("_errors")
-        return requests, by_class, errors, warmup
-
-    def _tokens(self, window_s: float) -> dict:
-        """Token totals outside warm-up, per class and "all": prompt and output tokens, output tokens
-        per second of the measured window, and where the output counts came from ("usage": the
-        server's usage report, "chunks": streamed chunks counted, "mixed"). {} when no request had tokens."""
-        counters = self.collector.counters if self.collector else {}
-        totals: dict[str, np.ndarray] = {}
-        for (name, warmup), row in counters.items():
-            if not warmup:
-                totals[name] = totals.get(name, 0) + row[[PROMPT_TOKENS, OUTPUT_TOKENS, OUTPUT_TOKENS_USAGE]]
-        if not totals or not any(int(t[1]) for t in totals.values()):
-            return {}
-        totals["all"] = sum(totals.values())
-        out = {}
-        for name, (prompt, output, from_usage) in totals.items():
-            source = "usage" if from_usage == output else "chunks" if from_usage == 0 else "mixed"
-            out[name] = {"prompt_tokens": int(prompt), "output_tokens": int(output),
-                         "output_tokens_per_s": round(int(output) / window_s, 3) if window_s else 0.0,
-                         "output_count_source": source}
-        return out
-
-    def _error_examples(self) -> dict:
-        merged: dict[str, list[str]] = {}
-        for report in self.done.values():
-            for kind, messages in report.get("error_examples", {}).items():
-                bucket = merged.setdefault(kind, [])
+    def facts(self, started_wall: float) -> RunFacts:
+        """What summary.json is made of, once the run is closed."""
+        examples: dict[str, list[str]] = {}
+        for done in self.done.values():
+            for kind, messages in (done.error_examples if done else {}).items():
+                bucket = examples.setdefault(kind, [])
                 bucket.extend(m for m in messages if m not in bucket)
-        return {k: v[:5] for k, v in merged.items()}
-
-    def _executed_s(self) -> float:
-        """How much of the planned timeline was run (all of it unless cut short)."""
-        if self.t0_ns is None:
-            return 0.0
-        if self.abort_ns is None:
-            return self.plan.duration_s
-        return min(self.plan.duration_s, max(0.0, (self.abort_ns - self.t0_ns) / 1e9))
-
-    def _measured_window_s(self) -> float:
-        executed = self._executed_s()
-        return sum(
-            max(0.0, min(p.start_s + p.duration_s, executed) - p.start_s) for p in self.plan.phases if not p.warmup
+        return RunFacts(
+            scenario=self.scenario, plan=self.plan, workers=self.workers, collector=self.collector,
+            started_wall=started_wall, t0_ns=self.t0_ns, t0_wall=self.t0_wall, end_ns=self.end_ns,
+            abort_ns=self.abort_ns, abort_reason=self.abort_reason, launched=self.launched,
+            gpus=self.telemetry.gpus if self.telemetry else [], error_examples={k: v[:5] for k, v in examples.items()},
         )

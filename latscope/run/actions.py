@@ -14,7 +14,7 @@ Events (t_s on the run clock):
     target_stopped / target_launch / target_ready            around a restart, as for the first launch
 
 Whatever an action's `${VAR}`s expanded to (a token) is replaced by "<redacted>" in what is
-recorded: `output`, `response` and `error` (see Scenario.action_secrets).
+recorded: `output`, `response` and `error` (see scenario.redact.action_secrets).
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ from typing import Any, Callable, Protocol
 
 from latscope import results
 from latscope.errors import RunError
-from latscope.launch import LaunchedTarget, command_argv, start_target, stop_group, stop_target
-from latscope.plan import Plan
-from latscope.scenario import Action, Scenario
+from latscope.plan import Plan, action_times
+from latscope.run.launch import LaunchedTarget, command_argv, start_target, stop_group, stop_target
+from latscope.run.parts import RunPart
+from latscope.scenario import Action, Scenario, action_secrets
 
 log = logging.getLogger("latscope.actions")
 
@@ -55,17 +56,18 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())[:300]
 
 
-class ActionRunner:
-    """Runs a scenario's actions against the run's clock. `start(t0_ns)` once t=0 is known;
-    `stop(reason)` when the run ends (pending actions are recorded as skipped, running commands
-    killed). `restarting` and `target_lock` let the run tell a restart from a target that died."""
+class ActionRunner(RunPart):
+    """Runs a scenario's actions against the run's clock, as a run part (parts.py): `start(t0_ns)`
+    once t=0 is known; `stop(reason)` when the run ends (pending actions are recorded as skipped,
+    running commands killed). `restarting` and `target_lock` let the run tell a restart from a
+    target that died."""
 
     def __init__(self, scenario: Scenario, plan: Plan, events: results.EventLog, host: TargetHost,
                  cancelled: Callable[[], bool] = lambda: False):
         """`cancelled`: the run is stopping (an abort); no further action starts, stop() records them."""
         self.scenario, self.events, self.host, self._cancelled = scenario, events, host, cancelled
-        self.times = scenario.action_times(plan)
-        self.secrets = scenario.action_secrets()
+        self.times = action_times(scenario, plan)
+        self.secrets = action_secrets(scenario)
         self.target_lock = threading.Lock()
         self.restarting = False  # read under target_lock
         self._stopping = threading.Event()
@@ -252,10 +254,12 @@ class ActionRunner:
 
     # -- the end ----------------------------------------------------------------------------
 
-    def stop(self, reason: str) -> None:
+    def stop(self, reason: str | None) -> None:
         """Cancel actions whose time has not come (action_skipped), kill running commands' process
         groups (SIGTERM, then SIGKILL) and wait for running actions, at most ~STOP_JOIN_S; one still
-        running after that (an HTTP call within its timeout) is recorded as abandoned."""
+        running after that (an HTTP call within its timeout) is recorded as abandoned. `reason`: why the
+        run was cut short, None when it ran to its end."""
+        reason = reason or "the run ended before the action's time"
         with self._lock:
             self._stopping.set()
             started = set(self._started)

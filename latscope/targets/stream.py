@@ -1,6 +1,6 @@
 """An OpenAI-compatible token streamer whose token write times are known exactly.
 
-    python -m latscope.stream_target --port 0 --ttft-ms 50 --itl-ms 20 --tokens 16
+    python -m latscope.targets.stream --port 0 --ttft-ms 50 --itl-ms 20 --tokens 16
 
 It exists to check latscope's streaming client. Every token event carries `"t_ns"`: the server's
 `time.perf_counter_ns()` (CLOCK_MONOTONIC on Linux, one clock for all processes on the machine)

@@ -14,8 +14,9 @@ import pytest
 import yaml
 from aiohttp import web
 
-from latscope.hlog import read_hlog
-from latscope.results import read_events, read_summary
+from latscope.results.hlog import read_hlog
+from latscope.results import read_events
+from helpers import read_summary
 from latscope.run import run_scenario
 from latscope.scenario import scenario_from_dict
 
@@ -152,7 +153,7 @@ def _launch_scenario(tmp_path: Path, port: int, duration: float) -> dict:
         "target": {
             "url": f"http://127.0.0.1:{port}",
             "launch": {
-                "command": f"python -m latscope.builtin_target --port {port} --delay-ms 1",
+                "command": f"python -m latscope.targets.echo --port {port} --delay-ms 1",
                 "ready_url": f"http://127.0.0.1:{port}/health",
             },
         },

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hdrh.log import HistogramLogReader, HistogramLogWriter
 
-from latscope.hlog import HlogReader, HlogWriter, read_hlog
+from latscope.results.hlog import HlogReader, HlogWriter, read_hlog
 from latscope.recorder import new_histogram, values_at
 
 START = 1732284000.0  # Fri Nov 22 14:00:00 UTC 2024
@@ -167,7 +167,7 @@ def test_want_skips_other_tags_undecoded(hlog_path):
 
 
 def test_read_intervals_groups_by_metric_and_class(hlog_path):
-    from latscope.results import read_intervals
+    from helpers import read_intervals
 
     by_key = read_intervals(hlog_path.parent, metrics=["latency"])
     assert list(by_key) == [("latency", "all")]

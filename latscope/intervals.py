@@ -1,0 +1,130 @@
+"""What one worker measured, interval by interval: each request's `Outcome` becomes histogram values
+and counters here, and `take()` hands them over as one `IntervalReport` per interval.
+
+The engine (engine.py) decides *when* requests go and nothing else; this module decides what their
+outcomes *mean*, following the timing rules (DESIGN.md), all from the intended time of the plan:
+
+    latency      = end − intended                (what a user waited; success only)
+    service_time = end − actual send             (success only)
+    send_lag     = actual send − intended        (every sent request: how late the client was)
+    ttft         = first token − intended;  itl = each gap between token chunks;
+    tpot         = (end − first token) / (tokens − 1)            (streams)
+    encode, decode, server.<part> as measured;  network = service_time − encode − decode − server total
+
+Values are µs (integer division of ns). A failed request counts under its error kind and keeps a
+few distinct messages; it adds nothing to the latency histograms.
+"""
+
+from __future__ import annotations
+
+from latscope.records import IntervalReport, Outcome, Probe, Request
+from latscope.recorder import Recorder
+from latscope.results.schema import (COMPLETED, COUNTERS, ERROR_INDEX, MAX_REPLICA_CLASSES, OTHER_REPLICAS,
+                                     OUTPUT_TOKENS, OUTPUT_TOKENS_USAGE, PROMPT_TOKENS, REPLICA_METRIC, replica_class)
+
+MAX_ERROR_EXAMPLES = 5  # distinct error messages kept per kind
+
+
+class IntervalRecorder:
+    """Records outcomes into the current interval; `take()` ends the interval."""
+
+    def __init__(self, class_names: list[str], probes: frozenset[int] = frozenset()):
+        self.class_names = class_names
+        self.probes = probes  # plan indices of requests reported one by one (plan.after_idle)
+        self.recorder = Recorder()
+        self.counters: dict[tuple[int, bool], list[int]] = {}
+        self.error_examples: dict[str, list[str]] = {}  # for the whole run, not per interval
+        # replica id -> (perf_counter_ns, latency µs or None for an error) of its first response, since the last report
+        self.replicas_new: dict[str, tuple[int, int | None]] = {}
+        self.first_ok: tuple[int, int] | None = None  # (end ns, latency µs) of this worker's first successful response
+        self.probes_new: list[Probe] = []  # outcomes of probe requests, since the last report
+        self._replica_classes: dict[str, str] = {}  # replica id -> its class under REPLICA_METRIC
+
+    def _row(self, cls: int, warmup: bool) -> list[int]:
+        """This interval's counters of (class, warmup)."""
+        row = self.counters.get((cls, warmup))
+        if row is None:
+            row = self.counters[(cls, warmup)] = [0] * len(COUNTERS)
+        return row
+
+    def count(self, cls: int, warmup: bool, counter: int) -> None:
+        """One more of `counter` (an index of COUNTERS: SENT, DROPPED, ...) for (class, warmup)."""
+        self._row(cls, warmup)[counter] += 1
+
+    def record(self, request: Request, outcome: Outcome) -> None:
+        """A sent request's outcome."""
+        name, warm = self.class_names[request.cls], request.warmup
+        record = self.recorder.record
+        record("send_lag", name, (outcome.sent_ns - request.intended_ns) // 1000, warm)
+        latency_us = (outcome.end_ns - request.intended_ns) // 1000
+        if request.seq in self.probes:
+            self.probes_new.append(Probe(request.seq, outcome.end_ns, latency_us, outcome.error, outcome.replica))
+        replica = outcome.replica
+        if replica is not None:
+            replica = self._replica_classes.get(replica) or self._first_seen(
+                replica, outcome.end_ns, latency_us if outcome.error is None else None)
+        if outcome.error is None:
+            self.count(request.cls, warm, COMPLETED)
+            if self.first_ok is None:
+                self.first_ok = (outcome.end_ns, latency_us)
+            record("latency", name, latency_us, warm)
+            if replica is not None:
+                record(REPLICA_METRIC, replica, latency_us, warm)
+            service_ns = outcome.end_ns - outcome.sent_ns
+            record("service_time", name, service_ns // 1000, warm)
+            if outcome.token_ns or outcome.output_tokens:
+                self._record_tokens(request, outcome, name)
+            if outcome.encode_ns:
+                record("encode", name, outcome.encode_ns // 1000, warm)
+            if outcome.decode_ns:
+                record("decode", name, outcome.decode_ns // 1000, warm)
+            if outcome.server_timing:
+                for part, ms in outcome.server_timing.items():
+                    record(f"server.{part}", name, ms * 1000, warm)
+                if not outcome.token_ns:  # a stream's Server-Timing covers only its start
+                    server_ms = outcome.server_timing.get("total") or sum(outcome.server_timing.values())
+                    rest_ns = service_ns - outcome.encode_ns - outcome.decode_ns - int(server_ms * 1e6)
+                    record("network", name, max(0, rest_ns) // 1000, warm)
+        else:
+            self.count(request.cls, warm, ERROR_INDEX[outcome.error])
+            examples = self.error_examples.setdefault(outcome.error, [])
+            if len(examples) < MAX_ERROR_EXAMPLES and outcome.reason not in examples:
+                examples.append(outcome.reason)
+
+    def _first_seen(self, replica: str, end_ns: int, latency_us: int | None) -> str:
+        """Note a replica's first response; its class under REPLICA_METRIC (see replica_class)."""
+        self.replicas_new[replica] = (end_ns, latency_us)
+        cls = replica_class(replica) if len(self._replica_classes) < MAX_REPLICA_CLASSES else OTHER_REPLICAS
+        self._replica_classes[replica] = cls
+        return cls
+
+    def _record_tokens(self, request: Request, outcome: Outcome, name: str) -> None:
+        """Streams: TTFT from the intended time, every inter-token gap, TPOT. All: the token counters."""
+        record, warm, times = self.recorder.record, request.warmup, outcome.token_ns
+        tokens = outcome.output_tokens or len(times or ())
+        if times:
+            first = times[0]
+            record("ttft", name, (first - request.intended_ns) // 1000, warm)
+            previous = first
+            for t in times[1:]:
+                record("itl", name, (t - previous) // 1000, warm)
+                previous = t
+            if tokens > 1:
+                record("tpot", name, (outcome.end_ns - first) // 1000 // (tokens - 1), warm)
+        row = self._row(request.cls, warm)
+        row[PROMPT_TOKENS] += outcome.prompt_tokens or request.prompt_tokens
+        row[OUTPUT_TOKENS] += tokens
+        if outcome.tokens_from_usage:
+            row[OUTPUT_TOKENS_USAGE] += tokens
+
+    def record_generator(self, metric: str, value_us: int, warmup: bool) -> None:
+        """A measurement of the generator itself (loop_lag, gc_pause), under class "all"."""
+        self.recorder.record(metric, "all", value_us, warmup)
+
+    def take(self, interval: int, in_flight: int) -> IntervalReport:
+        """Everything recorded since the last take, as interval `interval`'s report; starts the next."""
+        histograms, clamped = self.recorder.snapshot()
+        counters, self.counters = self.counters, {}
+        replicas, self.replicas_new = self.replicas_new, {}
+        probes, self.probes_new = self.probes_new, []
+        return IntervalReport(interval, histograms, clamped, counters, in_flight, replicas, probes, self.first_ok)

@@ -1,0 +1,161 @@
+"""The report's panels, listed once: `PANELS`, in page order, read by both the single-run page
+(html.report_html) and the run-vs-run page (compare.compare_html).
+
+Each entry's `build(run, base)` gathers what its panel needs from latscope.analysis and hands it to
+its figures function: with base None, the single-run panel of `run`; with a base run, the same
+panel with both runs (`run` is then the new one) — overlaid where they share axes (base dashed,
+new solid), side by side where they do not (the cold-start table, the correlation tables). Each
+page wraps every build in html.safe_panel, so one panel that fails is a note, not a lost page.
+
+A new panel is one entry here (plus its function in figures.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import pandas as pd
+
+from latscope.analysis import coldstart, correlation, percentiles, serialization
+from latscope.analysis.run_data import RunData
+from latscope.report import figures
+from latscope.report.coldstart_panel import coldstart_panel as draw_coldstart
+from latscope.report.figures import Panel
+
+
+@dataclass(frozen=True)
+class PanelSpec:
+    id: str  # the panel's id (Panel.id), for the note of a panel that failed
+    title: str  # its title in that note
+    build: Callable[[RunData, RunData | None], Panel]  # (run, base): base None for the single-run page
+    compare_title: str | None = None  # the title in that note on the compare page, where it differs
+
+
+# -- data gathering shared by several panels ------------------------------------------------------
+
+def classes_of(summary: dict, metric: str = "latency") -> list[str]:
+    return list(summary.get("metrics", {}).get(metric, {}))
+
+
+def generator_lags(run: RunData) -> tuple:
+    """(send lag, event-loop lag) per interval, class "all"; None for one the run did not record."""
+    metrics = run.summary.get("metrics", {})
+    return tuple(percentiles.interval_percentiles(run, m, "all") if m in metrics else None for m in ("send_lag", "loop_lag"))
+
+
+def cold_start_data(run: RunData) -> tuple[list[dict], dict, list[dict]]:
+    """(capacity events, their latency series by (metric, class), every start) for the cold-start panel:
+    from summary.json's cold_start, which the run analysed already, or analysed now for a run without one."""
+    cold = run.summary.get("cold_start") or coldstart.cold_start_summary(run)
+    events = coldstart.capacity_events(cold)
+    series = {(e["metric"], e["class"]): percentiles.interval_percentiles(run, e["metric"], e["class"]) for e in events}
+    return events, series, cold["starts"]
+
+
+def serialization_both(base: RunData, new: RunData) -> tuple[pd.DataFrame, list[str]]:
+    """Both runs' serialization breakdowns in one frame, each class's base bar then its new bar
+    (classes renamed "CLASS · base", "CLASS · new"), and which runs ("base", "new") had any parts;
+    (an empty frame, []) when neither had."""
+    both = [(df, which) for df, which in ((serialization.breakdown(base), "base"), (serialization.breakdown(new), "new"))
+            if not df.empty]
+    if not both:
+        return pd.DataFrame(), []
+    frame = pd.concat([df.assign(run=which) for df, which in both], ignore_index=True)
+    order = {c: i for i, c in enumerate(dict.fromkeys(frame["class"]))}
+    frame = frame.sort_values(["class", "run"], key=lambda col: col.map(order) if col.name == "class" else col, kind="stable")
+    frame["class"] = frame["class"] + " · " + frame["run"]
+    return frame.drop(columns="run"), [which for _, which in both]
+
+
+# -- one build per panel, (run, base) -> Panel, each named after the figures function it calls -----
+
+def spectrum_panel(run: RunData, base: RunData | None = None) -> Panel:
+    if base is None:
+        return figures.spectrum_panel(percentiles.spectrum(run, "latency"))
+    return figures.spectrum_panel(percentiles.spectrum(run), base_spectra=percentiles.spectrum(base))
+
+
+def latency_time_panel(run: RunData, base: RunData | None = None) -> Panel:
+    s = run.summary
+    if base is None:
+        by_class = {c: percentiles.interval_percentiles(run, "latency", c) for c in classes_of(s) or ["all"]}
+        return figures.latency_time_panel(by_class, s, run.events)
+    # all classes only: per-class lines for two runs would bury the comparison
+    return figures.latency_time_panel({"all": percentiles.interval_percentiles(run)}, s, run.events,
+                                      base_by_class={"all": percentiles.interval_percentiles(base)}, base_summary=base.summary)
+
+
+def load_time_panel(run: RunData, base: RunData | None = None) -> Panel:
+    if base is None:
+        return figures.load_time_panel(percentiles.interval_percentiles(run, "latency", "all"), run.summary, run.events)
+    return figures.load_time_panel(percentiles.interval_percentiles(run), run.summary, run.events,
+                                   base_overall=percentiles.interval_percentiles(base), base_summary=base.summary)
+
+
+def streaming_panel(run: RunData, base: RunData | None = None) -> Panel:
+    def spectra(r: RunData) -> dict:
+        metrics = r.summary.get("metrics", {})
+        return {m: percentiles.spectrum(r, m) for m, _ in figures.STREAMING_METRICS if m in metrics}
+
+    if base is None:
+        return figures.streaming_panel(spectra(run))
+    return figures.streaming_panel(spectra(run), compare_with=spectra(base))
+
+
+def gpu_panel(run: RunData, base: RunData | None = None) -> Panel:
+    if base is None:
+        panel = figures.gpu_panel(run.telemetry, run.summary, run.events)
+        if panel.figure is not None:
+            panel.html = figures.correlation_table(correlation.correlations(run))
+        return panel
+    panel = figures.gpu_panel(run.telemetry, run.summary, run.events, base_telemetry=base.telemetry, base_summary=base.summary)
+    if panel.figure is not None:
+        tables = [(which, figures.correlation_table(correlation.correlations(r))) for which, r in (("base", base), ("new", run))]
+        if any(table for _, table in tables):
+            panel.html = "<div class=\"grid\">" + "".join(
+                f"<div><h3>{which} run</h3>{table or '<p>No telemetry series to correlate.</p>'}</div>" for which, table in tables) + "</div>"
+    return panel
+
+
+def coldstart_panel(run: RunData, base: RunData | None = None) -> Panel:
+    events, series, starts = cold_start_data(run)
+    if base is None:
+        return draw_coldstart(events, series, starts)
+    base_events, base_series, base_starts = cold_start_data(base)
+    return draw_coldstart(events, series, starts, base_events, base_series, base_starts)
+
+
+def serialization_panel(run: RunData, base: RunData | None = None) -> Panel:
+    if base is None:
+        return figures.serialization_panel(serialization.breakdown(run))
+    frame, runs = serialization_both(base, run)
+    panel = figures.serialization_panel(frame)
+    if not runs:
+        return panel
+    panel.title = "Serialization: where a request's time goes, base vs new"
+    if len(runs) == 1:
+        missing = "new" if runs[0] == "base" else "base"
+        panel.note += f" The {missing} run recorded no encode/decode or Server-Timing parts, so only the {runs[0]} run's bars are here."
+    return panel
+
+
+def generator_panel(run: RunData, base: RunData | None = None) -> Panel:
+    send, loop = generator_lags(run)
+    if base is None:
+        return figures.generator_panel(send, loop, run.summary, run.telemetry)
+    base_send, base_loop = generator_lags(base)
+    return figures.generator_panel(send, loop, run.summary, run.telemetry, base_send_lag=base_send, base_loop_lag=base_loop,
+                                   base_summary=base.summary, base_telemetry=base.telemetry)
+
+
+PANELS: tuple[PanelSpec, ...] = (
+    PanelSpec("spectrum", "Latency percentile spectrum", spectrum_panel),
+    PanelSpec("latency-time", "Latency over time", latency_time_panel),
+    PanelSpec("load-time", "Load: offered vs achieved rate, in flight, errors", load_time_panel, compare_title="Load"),
+    PanelSpec("streaming", "Streaming", streaming_panel),
+    PanelSpec("gpu", "GPU lanes", gpu_panel),
+    PanelSpec("coldstart", "Cold starts", coldstart_panel),
+    PanelSpec("serialization", "Serialization", serialization_panel),
+    PanelSpec("generator", "Generator health", generator_panel),
+)

@@ -1,0 +1,58 @@
+"""Events of events.jsonl in words, in one place for the terminal and the report's time plots.
+
+- `event_text(e)`: the long form the terminal prints as a run goes (console.event_line puts the time
+  before it): "action ping (http) ok, status 200 in 0.02 s", "new replica r1, first response 378 ms".
+  Plain text: the terminal prints it as text, never as markup.
+- `event_label(e, failed)`: the short label of the event's vertical line on a time plot (figures.
+  add_phases_and_events): "ping (http, failed)", "new replica r1", "run stopped: reason", else the
+  event's name with its replica, action or reason. Ready for plotly: every part that came from the
+  scenario or the target goes through `esc_label`, and the label (for "run stopped", the reason) is
+  cut at LABEL_CHARS characters after escaping; the words written here have no '&', '<' or '>'.
+
+It imports no plotly, so the terminal can use it without loading the figures.
+"""
+
+from __future__ import annotations
+
+from latscope.report.escape import esc_label
+
+LABEL_CHARS = 80
+
+
+def event_text(e: dict) -> str:
+    """A notable event (run.NOTABLE_EVENTS) in words, for the terminal: plain text, not escaped."""
+    kind = e["event"]
+    if kind == "action_end":
+        outcome = "ok" if e.get("ok") else "FAILED"
+        detail = (f"status {e['status']}" if e.get("status") is not None else
+                  f"exit code {e['exit_code']}" if e.get("exit_code") is not None else
+                  f"ready after {e['ready_after_s']:.2f} s" if e.get("ready_after_s") is not None else "")
+        error = f": {e['error']}" if e.get("error") else ""
+        return f"action {e.get('name')} ({e.get('kind')}) {outcome}{', ' + detail if detail else ''} in {e.get('duration_s', 0):.2f} s{error}"
+    if kind == "action_skipped":
+        return f"action {e.get('name')} skipped: {e.get('reason')}"
+    if kind == "replica_first_seen":
+        first = f", first response {e['latency_ms']:,.0f} ms" if e.get("latency_ms") is not None else ""
+        return f"new replica {e.get('replica')}{first}"
+    if kind == "first_after_idle":
+        outcome = f"error {e['error']}" if e.get("error") else f"{e.get('latency_ms', 0):,.0f} ms"
+        return f"first request after {e.get('idle_gap_s', 0):.1f} s idle: {outcome}"
+    if kind == "target_ready":
+        return f"target ready after {e.get('after_s', 0):.2f} s"
+    if kind == "target_stopped":
+        return f"target stopped (exit code {e.get('exit_code')})"
+    return f"{kind.replace('_', ' ')}: {e.get('reason', '')}"
+
+
+def event_label(e: dict, failed: bool = False) -> str:
+    """The short label of an event's line on a time plot, escaped with esc_label for plotly.
+    `failed`: for an action_start, whether that action ended in failure (its action_end says so)."""
+    kind = e["event"]
+    if kind == "action_start":  # scenario actions (actions.py): named, and whether they failed
+        return esc_label(f"{e.get('name', '?')} ({e.get('kind', 'action')}{', failed' if failed else ''})")[:LABEL_CHARS]
+    if kind == "replica_first_seen":
+        return f"new replica {esc_label(e.get('replica', '?'))}"
+    if kind == "abort":
+        return f"run stopped: {esc_label(e.get('reason', ''))[:LABEL_CHARS]}"
+    detail = e.get("replica") or e.get("action") or e.get("reason") or ""
+    return esc_label(kind.replace("_", " ") + (f" {detail}" if detail else ""))[:LABEL_CHARS]

@@ -1,0 +1,210 @@
+"""The one writer of a run's summary.json and timeseries.parquet, at the end of the run.
+
+    write_results: timeseries.parquet -> run_end (the last event) -> cold-start analysis -> summary.json
+
+summary.json is written once, complete: the cold-start analysis (latscope.analysis.coldstart) reads
+the results directory like any later reader, with this summary in hand instead of on disk. What the
+summary is made of comes from the orchestrator as one record, `RunFacts`, so that anything that ran a
+run (the orchestrator today, a distributed coordinator or a benchmark that synthesizes a run) writes
+the same files the same way. The shape of summary.json is fixed (keys are added, never renamed);
+results/schema.py names its parts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from latscope import __version__, results
+from latscope.analysis.coldstart import cold_start_summary
+from latscope.analysis.run_data import load_run
+from latscope.analysis.verdicts import slo_verdicts, validity
+from latscope.plan import Plan
+from latscope.recorder import summarize
+from latscope.results.schema import (CANCELLED, COMPLETED, COUNTERS, DROPPED, ERROR_INDEX, ERROR_KINDS, LATE,
+                                     OUTPUT_TOKENS, OUTPUT_TOKENS_USAGE, PROMPT_TOKENS, SENT, TIMESERIES_COLUMNS,
+                                     summary_order)
+from latscope.run.collector import Collector
+from latscope.scenario import Scenario
+
+
+@dataclass
+class RunFacts:
+    """What is known when a run is over: everything summary.json is made of. Times are
+    perf_counter_ns, None for a moment the run never reached."""
+
+    scenario: Scenario
+    plan: Plan
+    workers: int
+    collector: Collector | None  # None: the run ended before any worker sent
+    started_wall: float  # time.time() when the run was started
+    t0_ns: int | None = None  # the first intended send (t = 0 of the run's clock)
+    t0_wall: float | None = None
+    end_ns: int | None = None  # the last report was collected
+    abort_ns: int | None = None
+    abort_reason: str | None = None  # why the run was cut short
+    launched: tuple[int, int] | None = None  # (started, ready) of the first launch of target.launch
+    gpus: list[dict] = field(default_factory=list)  # summary.json environment.gpus
+    error_examples: dict[str, list[str]] = field(default_factory=dict)  # error kind -> a few distinct messages
+
+    def run_clock(self, ns: int | None) -> float | None:
+        """perf_counter_ns `ns` on the run's clock (seconds from t0), None when either is unknown."""
+        return round((ns - self.t0_ns) / 1e9, 6) if ns is not None and self.t0_ns is not None else None
+
+    def executed_s(self) -> float:
+        """How much of the planned timeline was run (all of it unless cut short)."""
+        if self.t0_ns is None:
+            return 0.0
+        if self.abort_ns is None:
+            return self.plan.duration_s
+        return min(self.plan.duration_s, max(0.0, (self.abort_ns - self.t0_ns) / 1e9))
+
+    def measured_window_s(self) -> float:
+        """The executed part of the phases outside warm-up: what rates are per."""
+        executed = self.executed_s()
+        return sum(
+            max(0.0, min(p.start_s + p.duration_s, executed) - p.start_s) for p in self.plan.phases if not p.warmup
+        )
+
+
+def write_results(run_dir: Path, facts: RunFacts, events: results.EventLog) -> dict:
+    """Write timeseries.parquet, log run_end and close events.jsonl, analyse the cold starts and write
+    summary.json; the summary."""
+    c = facts.collector
+    results.write_rows(run_dir / results.TIMESERIES, c.rows if c else [], list(TIMESERIES_COLUMNS))
+    summary = build_summary(facts)
+    events.emit("run_end", partial=summary["partial"], validity=summary["validity"])
+    events.close()
+    summary["cold_start"] = _cold_start(run_dir, summary)
+    results.write_json(run_dir / results.SUMMARY, summary)
+    return summary
+
+
+def build_summary(facts: RunFacts) -> dict:
+    """summary.json without `cold_start` (which is analysed from the written directory)."""
+    c, scenario, plan = facts.collector, facts.scenario, facts.plan
+    metrics = {}
+    if c is not None:
+        totals = c.totals_with_all()
+        metrics = {m: {cls: summarize(h) for cls, h in totals[m].items()} for m in summary_order(totals)}
+    requests, by_class, errors, warmup = _request_counts(facts)
+    window = facts.measured_window_s()
+    measured = ~plan.warmup & (plan.offsets_s < facts.executed_s())
+    offered = int(measured.sum())
+    verdict, reasons = validity(metrics, requests, scenario.validity, scenario.limits.max_in_flight)
+    launched = facts.launched
+    return {
+        "schema_version": results.SCHEMA_VERSION,
+        "scenario": scenario.name,
+        "started_at": results.utc_stamp(facts.t0_wall or facts.started_wall),
+        "duration_s": round(((facts.end_ns or 0) - (facts.t0_ns or 0)) / 1e9, 3) if facts.t0_ns else 0.0,
+        "partial": facts.abort_reason is not None,
+        "abort_reason": facts.abort_reason,
+        "validity": verdict,
+        "validity_reasons": reasons,
+        "requests": requests,
+        "requests_by_class": by_class,
+        "warmup_requests": warmup,
+        "throughput": {
+            "offered_rps": round(offered / window, 3) if window else 0.0,
+            "achieved_rps": round(requests["completed"] / window, 3) if window else 0.0,
+            "measured_window_s": round(window, 3),
+        },
+        "metrics": metrics,
+        "tokens": _tokens(facts, window),
+        "errors": errors,
+        "error_examples": facts.error_examples,
+        "slo": slo_verdicts(metrics, scenario.slos, requests, requests["completed"] / window if window else 0.0),
+        "phases": [
+            {"name": p.name, "start_s": p.start_s, "duration_s": p.duration_s, "warmup": p.warmup}
+            for p in plan.phases
+        ],
+        "generator": {
+            "workers": facts.workers,
+            "interval_s": scenario.output.interval,
+            "clamped_values": dict(c.clamped) if c else {},
+            "target_ready_after_s": round((launched[1] - launched[0]) / 1e9, 4) if launched else None,
+            # the launched target's start and readiness on the run's clock (negative: before t=0)
+            "target_launched_at_s": facts.run_clock(launched and launched[0]),
+            "target_ready_at_s": facts.run_clock(launched and launched[1]),
+        },
+        "environment": {
+            "latscope": __version__,
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "host": socket.gethostname(),
+            "cpus": os.cpu_count(),
+            "gpus": facts.gpus,
+        },
+    }
+
+
+def _request_counts(facts: RunFacts) -> tuple[dict, dict, dict, dict]:
+    """(requests, requests_by_class, errors by kind, warm-up requests), outside warm-up unless named."""
+    counters = facts.collector.counters if facts.collector else {}
+    plan = facts.plan
+
+    def counts(rows: list[np.ndarray], scheduled: int) -> dict:
+        total = sum(rows, np.zeros(len(COUNTERS), np.int64))
+        sent, dropped = int(total[SENT]), int(total[DROPPED])
+        return {
+            "scheduled": scheduled,
+            "sent": sent,
+            "completed": int(total[COMPLETED]),
+            "errors": int(sum(total[ERROR_INDEX[k]] for k in ERROR_KINDS)),
+            "dropped": dropped,
+            "late": int(total[LATE]),
+            "cancelled": int(total[CANCELLED]),
+            "not_sent": scheduled - sent - dropped,
+            "_errors": {k: int(total[ERROR_INDEX[k]]) for k in ERROR_KINDS},
+        }
+
+    measured = ~plan.warmup
+    requests = counts([v for (_, w), v in counters.items() if not w], int(measured.sum()))
+    by_class = {}
+    for i, name in enumerate(plan.class_names):
+        scheduled = int((measured & (plan.cls == i)).sum())
+        by_class[name] = counts([v for (n, w), v in counters.items() if n == name and not w], scheduled)
+        del by_class[name]["_errors"]
+    warmup = counts([v for (_, w), v in counters.items() if w], int(plan.warmup.sum()))
+    del warmup["_errors"]
+    errors = requests.pop("_errors")
+    return requests, by_class, errors, warmup
+
+
+def _tokens(facts: RunFacts, window_s: float) -> dict:
+    """Token totals outside warm-up, per class and "all": prompt and output tokens, output tokens
+    per second of the measured window, and where the output counts came from ("usage": the
+    server's usage report, "chunks": streamed chunks counted, "mixed"). {} when no request had tokens."""
+    counters = facts.collector.counters if facts.collector else {}
+    totals: dict[str, np.ndarray] = {}
+    for (name, warmup), row in counters.items():
+        if not warmup:
+            totals[name] = totals.get(name, 0) + row[[PROMPT_TOKENS, OUTPUT_TOKENS, OUTPUT_TOKENS_USAGE]]
+    if not totals or not any(int(t[1]) for t in totals.values()):
+        return {}
+    totals["all"] = sum(totals.values())
+    out = {}
+    for name, (prompt, output, from_usage) in totals.items():
+        source = "usage" if from_usage == output else "chunks" if from_usage == 0 else "mixed"
+        out[name] = {"prompt_tokens": int(prompt), "output_tokens": int(output),
+                     "output_tokens_per_s": round(int(output) / window_s, 3) if window_s else 0.0,
+                     "output_count_source": source}
+    return out
+
+
+def _cold_start(run_dir: Path, summary: dict) -> dict | None:
+    """summary.json's `cold_start`, analysed from the results just written (the analysis reads a
+    results directory, as the report does). A failed analysis is a warning, never a lost run."""
+    try:
+        return cold_start_summary(load_run(run_dir, summary=summary))
+    except Exception as exc:  # noqa: BLE001 - the measurements are written; only this key is missing
+        logging.getLogger("latscope.run").warning("cold-start analysis failed (%s: %s); summary.json has no cold_start",
+                                                  type(exc).__name__, exc)
+        return None

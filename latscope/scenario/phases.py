@@ -1,0 +1,156 @@
+"""The `phases:` section: phases run one after another, each with one arrival process saying *when*
+requests are sent (the shapes' maths is in latscope/arrivals.py; plan.py turns these into offsets)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union, get_args
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from latscope.scenario.base import Duration, Model, PositiveDuration
+
+Spacing = Literal["poisson", "even"]
+"""How arrivals are spread under a rate (arrivals.py): Poisson gaps, or evenly."""
+
+
+class ConstantArrival(Model):
+    """Evenly spaced requests at `rate` per second."""
+
+    type: Literal["constant"] = "constant"
+    rate: float = Field(gt=0)
+
+
+class PoissonArrival(Model):
+    """A Poisson process: exponential gaps, `rate` per second on average."""
+
+    type: Literal["poisson"] = "poisson"
+    rate: float = Field(gt=0)
+
+
+class BurstArrival(Model):
+    """On/off: `burst_rate` for `burst_length` at the start of every `period`, `base_rate` otherwise."""
+
+    type: Literal["burst"] = "burst"
+    base_rate: float = Field(ge=0)
+    burst_rate: float = Field(gt=0)
+    burst_length: PositiveDuration
+    period: Duration
+    spacing: Spacing = "poisson"
+
+    @field_validator("period")
+    @classmethod
+    def _period_longer_than_burst(cls, period: float, info: ValidationInfo) -> float:
+        burst_length = info.data.get("burst_length")  # absent when burst_length itself was invalid
+        if burst_length is not None and period <= burst_length:
+            raise ValueError(f"period ({period:g} s) must be longer than burst_length ({burst_length:g} s)")
+        return period
+
+
+class MmppArrival(Model):
+    """Random bursts: a 2-state Markov-modulated Poisson process (exponential state lengths)."""
+
+    type: Literal["mmpp"] = "mmpp"
+    base_rate: float = Field(ge=0)
+    burst_rate: float = Field(gt=0)
+    mean_burst_length: PositiveDuration
+    mean_gap: PositiveDuration
+
+
+class RampArrival(Model):
+    """A linear change of rate from `from_rate` to `to_rate` over the phase."""
+
+    type: Literal["ramp"] = "ramp"
+    from_rate: float = Field(ge=0)
+    to_rate: float = Field(ge=0)
+    spacing: Spacing = "poisson"
+
+    @field_validator("to_rate")
+    @classmethod
+    def _not_both_zero(cls, to_rate: float, info: ValidationInfo) -> float:
+        if to_rate == 0 and info.data.get("from_rate") == 0:
+            raise ValueError("from_rate and to_rate cannot both be 0 (the phase would send nothing)")
+        return to_rate
+
+
+class StepsArrival(Model):
+    """A staircase: `rates[0]` for `step`, then `rates[1]` for `step`, ..."""
+
+    type: Literal["steps"] = "steps"
+    rates: list[Annotated[float, Field(ge=0)]] = Field(min_length=1)
+    step: PositiveDuration
+    spacing: Spacing = "poisson"
+
+
+class SpikeArrival(Model):
+    """`base_rate`, with one spike at `spike_rate` from `at` for `length`."""
+
+    type: Literal["spike"] = "spike"
+    base_rate: float = Field(ge=0)
+    spike_rate: float = Field(gt=0)
+    at: Duration
+    length: PositiveDuration
+    spacing: Spacing = "poisson"
+
+
+class IdleArrival(Model):
+    """No requests at all for the phase's duration: the quiet stretch after which a target that
+    scales to zero (unloads its model, stops its replicas) has to come back. The first request after
+    an idle phase is measured on its own (summary.json cold_start.scale_from_zero)."""
+
+    type: Literal["idle"] = "idle"
+
+
+class TraceLengths(Model):
+    """Per-request lengths from a trace's columns (the Azure trace: ContextTokens, GeneratedTokens).
+    They replace the workload class's prompt_tokens / output_tokens for the phase's requests, after
+    `scale` (to fit a smaller model's context) and the caps."""
+
+    prompt_column: str | None = None
+    output_column: str | None = None
+    scale: float = Field(1.0, gt=0)
+    max_prompt: int | None = Field(None, ge=1)
+    max_output: int | None = Field(None, ge=1)
+
+
+class TraceArrival(Model):
+    """Arrival times replayed from a CSV file (relative paths: from the scenario's folder)."""
+
+    type: Literal["trace"] = "trace"
+    file: str = Field(min_length=1)
+    time_column: str | None = None
+    speedup: float = Field(1.0, gt=0)
+    start: Duration = 0.0  # skip the trace's first `start` seconds
+    lengths: TraceLengths | None = None  # per-request prompt/output lengths from the trace's columns
+
+
+Arrival = Annotated[
+    Union[
+        ConstantArrival,
+        PoissonArrival,
+        BurstArrival,
+        MmppArrival,
+        RampArrival,
+        StepsArrival,
+        SpikeArrival,
+        IdleArrival,
+        TraceArrival,
+    ],
+    Field(discriminator="type"),
+]
+ARRIVAL_TYPES = tuple(m.model_fields["type"].default for m in get_args(get_args(Arrival)[0]))
+
+
+class Phase(Model):
+    """One stretch of the run with one arrival process. Phases run one after another."""
+
+    name: str = Field(min_length=1)
+    duration: PositiveDuration | None = None  # required, except for a trace (then it truncates)
+    warmup: bool = False  # sent, but excluded from the statistics
+    arrival: Arrival
+    classes: list[str] | None = Field(None, min_length=1)  # only these workload classes (default: all, by weight)
+
+    @model_validator(mode="after")
+    def _duration_required(self) -> Phase:
+        if self.duration is None and self.arrival.type != "trace":
+            raise ValueError("duration is required (only a trace phase may leave it out, and then lasts as long as the trace)")
+        return self

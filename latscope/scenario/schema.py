@@ -1,0 +1,164 @@
+"""The root of the scenario schema: `Scenario`, its sections (each in a module of its own, in the
+order a scenario file is written), the checks across sections, and `endpoint()`, what one workload
+class resolves to."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
+
+from latscope.scenario.actions import Action, check_actions
+from latscope.scenario.base import NAME_RE, DataPath, Model, ProblemAt, check_unique
+from latscope.scenario.phases import Phase
+from latscope.scenario.protocols import PROTOCOLS, ProtocolSpec
+from latscope.scenario.settings import Limits, Output, Slo, Validity
+from latscope.scenario.target import Endpoint, Target
+from latscope.scenario.telemetry import Telemetry
+from latscope.scenario.workload import Workload
+
+
+class Scenario(Model):
+    """A latscope scenario: what to hit, with what traffic, for how long."""
+
+    name: str | None = None  # load_scenario fills in the file's stem
+    description: str = ""
+    seed: int = 0
+    target: Target
+    phases: list[Phase] = Field(min_length=1)
+    workload: Workload = Workload()
+    limits: Limits = Limits()
+    slos: list[Slo] = []
+    output: Output = Output()
+    validity: Validity = Validity()
+    telemetry: Telemetry = Telemetry()
+    actions: list[Action] = []
+
+    # Set by the loader, not part of the schema. The base directory makes relative paths (trace
+    # file, launch cwd) mean "next to the scenario file" wherever latscope is started from.
+    _source: Path | None = PrivateAttr(default=None)
+    _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
+    # data path -> the string as written before ${VAR} interpolation, for redacted_yaml
+    _templates: dict[DataPath, str] = PrivateAttr(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str | None) -> str | None:
+        # The name becomes part of the results directory's name.
+        if name is not None and not NAME_RE.fullmatch(name):
+            raise ValueError("a scenario name may use only letters, digits, '_', '.' and '-'")
+        return name
+
+    @field_validator("phases")
+    @classmethod
+    def _unique_phase_names(cls, phases: list[Phase]) -> list[Phase]:
+        check_unique([p.name for p in phases], "phase")
+        return phases
+
+    @model_validator(mode="after")
+    def _phase_classes_exist(self) -> Scenario:
+        known = [c.name for c in self.workload.effective_classes()]
+        for i, phase in enumerate(self.phases):
+            for j, name in enumerate(phase.classes or ()):
+                if name not in known:
+                    raise ProblemAt(("phases", i, "classes", j), f"{name!r} is not a workload class (known: {', '.join(known)})")
+        return self
+
+    @field_validator("actions")
+    @classmethod
+    def _unique_action_names(cls, actions: list[Action]) -> list[Action]:
+        check_unique([a.name for a in actions], "action")
+        return actions
+
+    @model_validator(mode="after")
+    def _actions_fit(self) -> Scenario:
+        check_actions(self)
+        return self
+
+    @field_validator("slos")
+    @classmethod
+    def _slo_classes_exist(cls, slos: list[Slo], info: ValidationInfo) -> list[Slo]:
+        # A misspelt class would otherwise make an SLO that can never be evaluated.
+        workload = info.data.get("workload")
+        if workload is not None:
+            known = ["all", *(c.name for c in workload.effective_classes())]
+            for i, slo in enumerate(slos):
+                if slo.class_ not in known:
+                    raise ValueError(f"slos[{i}].class {slo.class_!r} is not a workload class (known: {', '.join(known)})")
+        return slos
+
+    @model_validator(mode="after")
+    def _classes_fit_their_protocol(self) -> Scenario:
+        for i, cls in enumerate(self.workload.effective_classes()):
+            where: DataPath = ("workload", "classes", i) if self.workload.classes else ("target",)
+            protocol = cls.protocol or self.target.protocol
+            spec = PROTOCOLS[protocol]
+            if cls.url is not None and cls.protocol is None:
+                try:
+                    spec.check_url(cls.url)
+                except ValueError as exc:
+                    raise ProblemAt((*where, "url"), str(exc)) from None
+            if spec.needs_model and (cls.model or self.target.model) is None:
+                raise ProblemAt(where, f"protocol {protocol} needs a model name (target.model or the class's model)")
+            if spec.needs_tensors and not cls.tensors:
+                raise ProblemAt(where, f"protocol {protocol} needs tensors (the inputs to send)")
+            if cls.protocol is not None and cls.url is None and not _takes(spec, self.target.url):
+                raise ProblemAt(where, f"a class that switches to {protocol} needs its own url ({spec.url_example})")
+        return self
+
+    def endpoint(self, cls: int) -> Endpoint:
+        """Where and how requests of workload class `cls` go: the class's settings over the target's,
+        then the protocol's defaults (protocols.PROTOCOLS)."""
+        c, t = self.workload.effective_classes()[cls], self.target
+        protocol = c.protocol or t.protocol
+        spec = PROTOCOLS[protocol]
+        model = c.model or t.model
+        openai, kserve = c.openai or t.openai, c.kserve or t.kserve
+        if c.path is not None:
+            path = c.path
+        elif t.path or spec.default_path is None:
+            path = t.path
+        else:
+            path = spec.default_path(model, openai, kserve)
+        return Endpoint(
+            protocol=protocol,
+            url=c.url or t.url,
+            method=c.method or spec.default_method or t.method,
+            path=path,
+            headers={**t.headers, **c.headers},
+            timeout=t.timeout,
+            model=model,
+            api_key=t.api_key,
+            openai=openai,
+            kserve=kserve,
+        )
+
+    @property
+    def templates(self) -> dict[DataPath, str]:
+        """Each string as written before `${VAR}` interpolation, by data path (the loader's record):
+        what redaction writes back instead of the environment's values."""
+        return self._templates
+
+    @property
+    def source(self) -> Path | None:
+        """The file this scenario was loaded from (None when built from a dict)."""
+        return self._source
+
+    @property
+    def base_dir(self) -> Path:
+        """The folder relative paths in the scenario are resolved against."""
+        return self._base_dir
+
+    def resolve_path(self, p: str) -> Path:
+        """`p` (e.g. a trace file) as an absolute path: relative paths count from `base_dir`."""
+        path = Path(p).expanduser()
+        return path if path.is_absolute() else self._base_dir / path
+
+
+def _takes(spec: ProtocolSpec, url: str) -> bool:
+    """Whether `url` is a URL of `spec`'s protocol."""
+    try:
+        spec.check_url(url)
+    except ValueError:
+        return False
+    return True

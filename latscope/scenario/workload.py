@@ -1,0 +1,183 @@
+"""The `workload:` section: *what* each request is. Weighted classes (recorded separately and together),
+each with its endpoint overrides and what its requests carry: a body (http), prompt and answer lengths
+or a dataset (openai), input tensors (kserve-v2). workload.py draws the lengths and builds payloads."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union, get_args
+
+from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
+
+from latscope.scenario.base import NAME_RE, SECRET_BY_NAME, Model, check_method, check_path, check_unique
+from latscope.scenario.protocols import KServeOptions, OpenAIOptions, Protocol, check_url
+
+
+class FixedLength(Model):
+    dist: Literal["fixed"] = "fixed"
+    value: int = Field(ge=1)
+
+
+class UniformLength(Model):
+    """Uniform integers from `min` to `max`, both included."""
+
+    dist: Literal["uniform"] = "uniform"
+    min: int = Field(ge=1)
+    max: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> UniformLength:
+        if self.max < self.min:
+            raise ValueError(f"max ({self.max}) must be at least min ({self.min})")
+        return self
+
+
+class NormalLength(Model):
+    """Normal with this mean and standard deviation (tokens), rounded, clipped to [min, max]."""
+
+    dist: Literal["normal"] = "normal"
+    mean: float = Field(gt=0)
+    std: float = Field(ge=0)
+    min: int = Field(1, ge=1)
+    max: int | None = Field(None, ge=1)
+
+
+class LognormalLength(Model):
+    """Log-normal with this mean and standard deviation *in tokens* (not of the log), rounded,
+    clipped to [min, max]: the long right tail of real prompt and answer lengths."""
+
+    dist: Literal["lognormal"] = "lognormal"
+    mean: float = Field(gt=0)
+    std: float = Field(gt=0)
+    min: int = Field(1, ge=1)
+    max: int | None = Field(None, ge=1)
+
+
+class EmpiricalLength(Model):
+    """Lengths drawn (with replacement) from a file: a CSV column, a JSONL field, or one number per
+    line of a text file."""
+
+    dist: Literal["empirical"] = "empirical"
+    file: str = Field(min_length=1)
+    column: str | None = None  # CSV column or JSONL field (required for those)
+
+
+LengthDist = Annotated[
+    Union[FixedLength, UniformLength, NormalLength, LognormalLength, EmpiricalLength], Field(discriminator="dist")
+]
+
+LENGTH_DISTS = tuple(m.model_fields["dist"].default for m in get_args(get_args(LengthDist)[0]))
+
+
+def _length(value: Any) -> Any:
+    """`prompt_tokens: 128` is short for `{dist: fixed, value: 128}`."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return {"dist": "fixed", "value": value}
+    return value
+
+
+Length = Annotated[LengthDist, BeforeValidator(_length)]
+
+
+class Dataset(Model):
+    """Prompts from a JSONL file: `format: text` takes the string in `field` of each line;
+    `format: sharegpt` takes each conversation's first human turn (`conversations[].from/value`)."""
+
+    file: str = Field(min_length=1)
+    format: Literal["text", "sharegpt"] = "text"
+    field: str = "text"
+
+
+class TensorSpec(Model):
+    """One input tensor of a KServe v2 request: random values (seeded) or the contents of a .npy file."""
+
+    name: str = Field(min_length=1)
+    datatype: Literal["BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64",
+                      "FP16", "FP32", "FP64"] = "FP32"
+    shape: list[Annotated[int, Field(ge=1)]] = Field(default=[], min_length=0)
+    npy: str | None = None  # a .npy file; its shape and dtype win
+    low: float = 0.0  # random values are uniform in [low, high) (integers: high excluded)
+    high: float = 1.0
+
+    @model_validator(mode="after")
+    def _shape_or_file(self) -> TensorSpec:
+        if self.npy is None and not self.shape:
+            raise ValueError("give a shape (like [1, 384]) for random values, or an npy file")
+        return self
+
+
+class WorkloadClass(Model):
+    """A kind of request, drawn with probability proportional to `weight` and recorded separately.
+
+    Unset endpoint fields fall back to the target's (protocol, url, method, path, model, openai,
+    kserve) or the workload's (body); headers add to the target's. What a request carries depends on
+    the protocol: `body` (http); `prompt_tokens`/`output_tokens` or a `dataset` (openai); `tensors`
+    (kserve-v2, kserve-v2-grpc).
+    """
+
+    name: str
+    weight: float = Field(1.0, gt=0)
+    protocol: Protocol | None = None
+    url: str | None = None
+    method: str | None = None
+    path: str | None = None
+    headers: Annotated[dict[str, str], SECRET_BY_NAME] = {}
+    model: str | None = None
+    openai: OpenAIOptions | None = None
+    kserve: KServeOptions | None = None
+    body: Any = None
+    prompt_tokens: Length | None = None
+    output_tokens: Length | None = None
+    dataset: Dataset | None = None
+    tensors: list[TensorSpec] = []
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        # Class names become histogram tags ("latency/small") and column values.
+        if not NAME_RE.fullmatch(name):
+            raise ValueError("a class name may use only letters, digits, '_', '.' and '-'")
+        if name == "all":
+            raise ValueError("'all' is reserved for the aggregate of all classes")
+        return name
+
+    @field_validator("method")
+    @classmethod
+    def _method(cls, method: str | None) -> str | None:
+        return None if method is None else check_method(method)
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, path: str | None) -> str | None:
+        return None if path is None else check_path(path)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, url: str | None, info: ValidationInfo) -> str | None:
+        protocol = info.data.get("protocol")
+        if url is None or protocol is None:  # checked against the target's protocol by the scenario
+            return url
+        return check_url(url, protocol)
+
+    @model_validator(mode="after")
+    def _one_prompt_source(self) -> WorkloadClass:
+        if self.dataset is not None and self.prompt_tokens is not None:
+            raise ValueError("give prompt_tokens (synthetic prompts) or a dataset, not both")
+        return self
+
+
+class Workload(Model):
+    """Request bodies and classes. A mapping or list body is sent as JSON, a string as is."""
+
+    body: Any = None
+    content_type: str | None = None
+    classes: list[WorkloadClass] = []
+
+    @field_validator("classes")
+    @classmethod
+    def _unique_names(cls, classes: list[WorkloadClass]) -> list[WorkloadClass]:
+        check_unique([c.name for c in classes], "class")
+        return classes
+
+    def effective_classes(self) -> list[WorkloadClass]:
+        """The classes requests are drawn from: one class named "default" when none are given."""
+        return list(self.classes) or [WorkloadClass(name="default")]

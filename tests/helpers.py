@@ -1,0 +1,39 @@
+"""Readers of a results directory's files that only the tests need (latscope itself reads a run
+through latscope.analysis.run_data.load_run)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Collection
+
+import pandas as pd
+from hdrh.histogram import HdrHistogram
+
+from latscope.results import HLOG, SUMMARY, TIMESERIES
+from latscope.results.hlog import read_hlog
+
+Interval = tuple[float, float, HdrHistogram]  # (start_s from the run's start, length_s, histogram)
+
+
+def read_summary(run_dir: str | Path) -> dict:
+    return json.loads((Path(run_dir) / SUMMARY).read_text())
+
+
+def read_intervals(run_dir: str | Path, metrics: Collection[str] | None = None) -> dict[tuple[str, str], list[Interval]]:
+    """The per-interval histograms of histograms.hlog, by (metric, class), in time order; only
+    those of `metrics` when given (the others are not decoded). Warm-up intervals are included."""
+    wanted = None if metrics is None else set(metrics)
+
+    def want(tag: str | None) -> bool:
+        return tag is not None and (wanted is None or tag.split("/", 1)[0] in wanted)
+
+    out: dict[tuple[str, str], list[Interval]] = {}
+    for tag, start_s, length_s, h in read_hlog(Path(run_dir) / HLOG, want=want):
+        metric, cls = tag.split("/", 1)  # metric names hold no "/" (Server-Timing names are tokens)
+        out.setdefault((metric, cls), []).append((start_s, length_s, h))
+    return out
+
+
+def read_timeseries(run_dir: str | Path) -> pd.DataFrame:
+    return pd.read_parquet(Path(run_dir) / TIMESERIES)

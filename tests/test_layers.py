@@ -1,0 +1,165 @@
+"""The import graph of latscope and reference_server, read from their source with `ast`: a one-way
+street (no cycles) with the arrows docs/architecture.md allows, and modules small enough to read.
+
+Edges are the modules a module imports, at module level or inside a function; imports under
+`if TYPE_CHECKING:` are left out (they never run). `from pkg import name` is an edge to the module
+pkg.name when there is one, else to pkg.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+PACKAGES = ("latscope", "reference_server")
+MAX_LINES = 600
+# What the measuring side is made of: the results directory's readers never import it (DESIGN.md:
+# each stage reads only what the stage before it wrote; the results directory is the contract).
+MEASURING = ("latscope.engine", "latscope.intervals", "latscope.run", "latscope.protocols", "latscope.plan",
+             "latscope.workload", "latscope.arrivals")
+READERS = ("latscope.analysis", "latscope.report", "latscope.results")
+
+
+def module_files() -> dict[str, Path]:
+    out = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            out[name] = path
+    return out
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def imports_of(path: Path, name: str, modules: set[str]) -> set[str]:
+    """The internal modules `name` (at `path`) imports, TYPE_CHECKING imports left out."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                for other in child.orelse:
+                    visit(other)
+                continue
+            if isinstance(child, ast.Import):
+                found.update(alias.name for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:  # relative: from the package, `level - 1` packages up
+                    anchor = package.split(".")[: len(package.split(".")) - (child.level - 1)]
+                    base = ".".join(anchor + ([base] if base else []))
+                for alias in child.names:
+                    full = f"{base}.{alias.name}"
+                    found.add(full if full in modules else base)
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return {m for m in found if m in modules}
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    files = module_files()
+    return {name: imports_of(path, name, set(files)) - {name} for name, path in files.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return found
+
+
+def within(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def arrows(graph: dict[str, set[str]], source: tuple[str, ...], target: tuple[str, ...]) -> list[str]:
+    return sorted(f"{a} -> {b}" for a, deps in graph.items() if within(a, source) for b in deps if within(b, target))
+
+
+def test_the_graph_is_read_and_sees_lazy_imports_but_not_type_checking_ones(graph):
+    # orchestrator imports the report inside a function; telemetry.session imports the scenario for typing only
+    assert "latscope.report" in graph["latscope.run.orchestrator"]
+    assert "latscope.scenario" not in graph["latscope.telemetry.session"]
+    assert {"latscope.engine", "latscope.scenario", "reference_server.server", "reference_server.proto"} <= graph.keys()
+
+
+def test_no_import_cycles(graph):
+    assert cycles(graph) == []
+
+
+def test_what_reads_a_results_directory_never_imports_what_measures(graph):
+    assert arrows(graph, READERS, MEASURING) == []
+
+
+def test_the_scenario_imports_only_errors(graph):
+    outside = {b for a, deps in graph.items() if within(a, ("latscope.scenario",)) for b in deps
+               if not within(b, ("latscope.scenario",))}
+    assert outside <= {"latscope.errors"}
+
+
+def test_the_demo_targets_import_nothing_from_latscope(graph):
+    assert [e for e in arrows(graph, ("latscope.targets",), ("latscope",)) if "-> latscope.targets" not in e] == []
+
+
+def test_the_reference_server_is_a_separate_program(graph):
+    assert arrows(graph, ("reference_server",), ("latscope",)) == []
+    # latscope speaks the reference server's wire format only through its proto package (on purpose:
+    # the KServe v2 gRPC messages, compiled once)
+    used = {b for a, deps in graph.items() if within(a, ("latscope",)) for b in deps if within(b, ("reference_server",))}
+    assert used and all(within(b, ("reference_server.proto",)) for b in used)
+
+
+def test_no_module_is_over_600_lines():
+    long = {name: n for name, path in module_files().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
+
+
+def test_a_forbidden_arrow_is_caught(tmp_path):
+    """The checks above can fail: an analysis module that imported the engine would be an arrow from a
+    reader to the measuring side, and a scenario module that imported the plan would close a cycle."""
+    files = module_files()
+    graph = {name: imports_of(path, name, set(files)) - {name} for name, path in files.items()}
+    graph["latscope.analysis.coldstart"] = graph["latscope.analysis.coldstart"] | {"latscope.engine"}
+    graph["latscope.scenario.schema"] = graph["latscope.scenario.schema"] | {"latscope.plan"}
+    assert arrows(graph, READERS, MEASURING) == ["latscope.analysis.coldstart -> latscope.engine"]
+    assert any("latscope.plan" in c and "latscope.scenario.schema" in c for c in cycles(graph))
