@@ -1,0 +1,194 @@
+"""The vocabulary of a results directory, in one place: every file name, column, counter, metric and
+event that the files of a run are made of.
+
+A results directory is the contract between measuring and analysing: what writes it (the engine,
+the run) and what reads it (analysis, report, gate) meet here and nowhere else, so a reader never
+imports the writer to learn the name of a column, and a renamed constant cannot quietly break the
+reading of last month's runs. Names here are added, never renamed (summary.json's
+`schema_version` says when a reader must be upgraded). Nothing here does anything; it is data.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+SCHEMA_VERSION = 1
+
+# -- the files ------------------------------------------------------------------------------------
+
+SUMMARY = "summary.json"  # what CI and other tools read (keys are added, never renamed)
+SCENARIO = "scenario.yaml"  # the resolved scenario, secrets redacted
+HLOG = "histograms.hlog"  # HdrHistogram interval log 1.3, one `Tag=metric/class` line per interval
+TIMESERIES = "timeseries.parquet"  # one row per interval × metric × class (TIMESERIES_COLUMNS)
+TELEMETRY = "telemetry.parquet"  # one row per sample (TELEMETRY_COLUMNS)
+EVENTS = "events.jsonl"  # one JSON object a line (EVENT_TYPES below)
+SCHEDULE = "schedule.parquet"  # the realized schedule: one row per planned request (SCHEDULE_COLUMNS)
+TARGET_LOG = "target.log"  # output of a target the scenario launched
+REPORT = "report.html"  # written by `latscope run` and `latscope report`
+SUMMARY_MD = "summary.md"  # the report's Markdown summary
+
+# -- requests: outcomes and counters --------------------------------------------------------------
+
+# Error kinds, in the order summary.json lists them. Every failed request gets exactly one.
+ERROR_KINDS = ("connect", "timeout", "http_4xx", "http_5xx", "protocol")
+
+# Per-interval counters of each (class, warm-up) pair, in this order: in the workers' interval
+# reports (as lists indexed by the constants below) and as timeseries.parquet columns. The token
+# counters add up the tokens of completed requests (output_tokens_usage: those whose count came
+# from the server's usage report rather than from counting chunks).
+TOKEN_COUNTERS = ("prompt_tokens", "output_tokens", "output_tokens_usage")
+COUNTERS = ("sent", "completed", "dropped", "late", "cancelled", *ERROR_KINDS, *TOKEN_COUNTERS)
+SENT, COMPLETED, DROPPED, LATE, CANCELLED = range(5)
+ERROR_INDEX = {kind: 5 + i for i, kind in enumerate(ERROR_KINDS)}
+PROMPT_TOKENS, OUTPUT_TOKENS, OUTPUT_TOKENS_USAGE = (COUNTERS.index(c) for c in TOKEN_COUNTERS)
+
+# -- statistics and tables ------------------------------------------------------------------------
+
+ALL = "all"  # the class of every request together (the lossless merge of the per-class histograms)
+# The statistics of one histogram (recorder.summarize), as summary.json's per metric × class keys and
+# timeseries.parquet's columns; ms, rounded to µs.
+ROW_STATS = ("count", "min_ms", "mean_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "p99.9_ms", "max_ms")
+TIMESERIES_COLUMNS = ("interval_start_s", "interval_s", "phase", "metric", "class", *ROW_STATS, "scheduled", *COUNTERS,
+                      "errors", "in_flight")
+TELEMETRY_COLUMNS = ("t_s", "source", "device", "metric", "value")
+SCHEDULE_COLUMNS = ("intended_s", "phase", "class", "prompt_tokens", "output_tokens")
+
+# -- metrics (histograms.hlog tags, summary.json "metrics", timeseries.parquet "metric") -----------
+
+
+@dataclass(frozen=True)
+class Metric:
+    label: str  # how the report names it
+    meaning: str  # what one value is (all are recorded in µs; summaries are in ms)
+
+
+METRICS: dict[str, Metric] = {
+    "latency": Metric("latency", "end − intended send time: what a user waited, open loop (no coordinated omission)"),
+    "service_time": Metric("service time", "end − actual send time: the target's part, without the client's lateness"),
+    "send_lag": Metric("send lag", "actual send − intended send time: how late the generator sent"),
+    "ttft": Metric("TTFT", "first token chunk − intended send time (streams)"),
+    "itl": Metric("ITL", "each gap between two token chunks of a stream, as the client saw them"),
+    "tpot": Metric("TPOT", "(end − first token chunk) / (output tokens − 1), per stream"),
+    "encode": Metric("client encode", "the client's own encoding of a request (serialization)"),
+    "network": Metric("network", "service time − encode − decode − the server's Server-Timing total: the wire and "
+                                 "what the server does not report (not for streams)"),
+    "decode": Metric("client decode", "the client's own decoding of a response"),
+    # --- summary.json lists the metrics above first, in this order, then every other one by name ---
+    "gc_pause": Metric("gc_pause", "a garbage-collection pause in a worker (class all)"),
+    "loop_lag": Metric("event-loop lag", "how much later than asked a worker's 10 ms timer fired (class all)"),
+    "replica_latency": Metric("latency per replica", "latency, with the replica that answered (X-Replica-Id) as its "
+                                                     "class (replica_class)"),
+    "server.<part>": Metric("server.<part>", "one Server-Timing part as the server reported it (queue, compute, ...)"),
+}
+SUMMARY_FIRST = ("latency", "service_time", "send_lag", "ttft", "itl", "tpot", "encode", "network", "decode")
+
+
+def summary_order(names: set[str] | list[str]) -> list[str]:
+    """Metric names in summary.json's order: SUMMARY_FIRST as there, then the others by name."""
+    return [m for m in SUMMARY_FIRST if m in names] + sorted(m for m in names if m not in SUMMARY_FIRST)
+
+
+def metric_label(name: str) -> str:
+    """The report's name of a metric (a Server-Timing part keeps its own name)."""
+    return METRICS[name].label if name in METRICS else name
+
+
+# The report's sections of metrics, in reading order, each with its metrics in the order a request
+# meets them ("server.*" stands for every Server-Timing part). A metric in none of them goes to a
+# last section, OTHER_GROUP.
+METRIC_GROUPS = (
+    ("Latency", ("latency", "service_time")),
+    ("Streaming", ("ttft", "itl", "tpot")),
+    ("Where the time goes (means add up; see Serialization)", ("encode", "network", "server.*", "decode")),
+    ("Per replica (class = replica id)", ("replica_latency",)),
+    ("Load generator health (should stay near zero)", ("send_lag", "loop_lag")),
+)
+OTHER_GROUP = "Other"
+
+# Each replica's latency is also recorded under a metric of its own, class = the replica id (from the
+# response's X-Replica-Id), so that a replica the target added mid-run, and its cold first requests,
+# can be told apart from the rest. A target that put a fresh id on every response (say, a request id)
+# would make a histogram per response: past MAX_REPLICA_CLASSES ids (per worker), new ones share OTHER_REPLICAS.
+REPLICA_METRIC = "replica_latency"
+MAX_REPLICA_CLASSES = 64
+OTHER_REPLICAS = "_other"
+_TAG_UNSAFE = re.compile(r"[,\s/]+")
+
+
+def replica_class(replica: str) -> str:
+    """A replica id as an hlog-tag-safe class name: runs of ',', '/' and whitespace become '_'
+    (hlog tags may hold neither ',' nor whitespace, and '/' separates metric from class), at most
+    100 characters."""
+    return _TAG_UNSAFE.sub("_", replica)[:100] or "_"
+
+
+# -- telemetry.parquet's metrics --------------------------------------------------------------------
+
+# name -> (label, unit). A source writes only what it can measure; a Prometheus mapping may add names
+# of its own (queue_depth, requests_s, ...).
+TELEMETRY_METRICS: dict[str, tuple[str, str]] = {
+    "gpu_util_pct": ("GPU utilization", "%"),
+    "mem_bw_util_pct": ("Memory-bandwidth utilization (DRAM, GPM)", "%"),
+    "mem_util_pct": ("Memory-controller busy (NVML memory utilization, not bandwidth)", "%"),
+    "sm_active_pct": ("SM activity", "%"),
+    "sm_occupancy_pct": ("SM occupancy", "%"),
+    "mem_used_bytes": ("GPU memory used", "B"),
+    "power_w": ("Power", "W"),
+    "sm_clock_mhz": ("SM clock", "MHz"),
+    "pcie_rx_bytes_s": ("PCIe receive", "B/s"),
+    "pcie_tx_bytes_s": ("PCIe transmit", "B/s"),
+    "temp_c": ("Temperature", "°C"),
+    "cpu_pct": ("CPU", "% of one core"),
+    "rss_bytes": ("Resident memory", "B"),
+    "loop_lag_p99_ms": ("Event-loop lag p99", "ms"),
+}
+
+# -- events.jsonl -----------------------------------------------------------------------------------
+# Every event has `event` (its name), `t_s` (seconds on the run's clock, 0 = the first intended send;
+# negative before it, null when the run never got that far) and `wall` (ISO 8601, UTC), then its fields.
+
+
+@dataclass(frozen=True)
+class Event:
+    fields: tuple[str, ...]  # every field it may carry besides event, t_s and wall
+    writer: str  # the module that writes it
+    meaning: str
+
+
+EVENT_TYPES: dict[str, Event] = {
+    "run_start": Event(("planned_requests", "workers"), "run/orchestrator.py",
+                       "every worker is ready; t = 0 is START_DELAY_S later"),
+    "phase_start": Event(("phase", "planned_at_s", "warmup"), "run/orchestrator.py",
+                         "the run's clock passed a phase's planned start"),
+    "target_launch": Event((), "run/orchestrator.py, run/actions.py",
+                           "the launched target's process was started (the first launch, or a restart)"),
+    "target_ready": Event(("after_s",), "run/orchestrator.py, run/actions.py",
+                          "the launched target answered its ready_url, after_s after its launch"),
+    "target_stopped": Event(("exit_code",), "run/orchestrator.py, run/actions.py",
+                            "the launched target was stopped (the end of the run, or a restart)"),
+    "first_response": Event(("latency_ms",), "run/orchestrator.py",
+                            "the run's first successful response (cold-start analysis)"),
+    "replica_first_seen": Event(("replica", "latency_ms"), "run/orchestrator.py",
+                                "a replica id's first response; latency_ms null when it was an error"),
+    "first_after_idle": Event(("request", "intended_s", "idle_gap_s", "phase", "latency_ms", "error", "replica"),
+                              "run/orchestrator.py",
+                              "the first request after an idle phase or a gap in the schedule, measured on its own"),
+    "action_start": Event(("name", "kind", "planned_at_s"), "run/actions.py", "a scenario action started"),
+    "action_end": Event(("name", "kind", "ok", "duration_s", "exit_code", "output", "status", "response",
+                         "ready_after_s", "error"), "run/actions.py",
+                        "a scenario action ended: a command's exit_code and output, an HTTP call's status and "
+                        "response, a restart's ready_after_s; error when not ok"),
+    "action_skipped": Event(("name", "reason", "planned_at_s"), "run/actions.py",
+                            "an action whose time never came before the run ended"),
+    "telemetry_unavailable": Event(("source", "reason"), "telemetry/session.py",
+                                   "a telemetry source cannot sample on this host (no GPU, ...)"),
+    "telemetry_gap": Event(("source", "reason"), "telemetry/session.py",
+                           "a telemetry source started failing: no samples until telemetry_resumed"),
+    "telemetry_resumed": Event(("source",), "telemetry/session.py", "a failing telemetry source answers again"),
+    "telemetry_truncated": Event(("max_rows",), "telemetry/session.py",
+                                 "telemetry.parquet is full; later samples are dropped"),
+    "abort": Event(("reason",), "run/orchestrator.py",
+                   "the run is being stopped early (signal, target gone, worker failed); summary.json is partial"),
+    "run_end": Event(("partial", "validity"), "run/summary.py", "the results are written; the last event"),
+}
