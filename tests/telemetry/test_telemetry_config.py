@@ -57,3 +57,12 @@ def test_errors_name_the_line(tmp_path, telemetry, line, message):
     with pytest.raises(ScenarioError) as exc:
         load_scenario(path)
     assert f"{path}:{line}: " in str(exc.value) and message in str(exc.value)
+
+
+def test_the_scenario_names_exactly_the_shipped_mappings():
+    """The scenario (which imports nothing from telemetry/) lists the shipped mappings' names for
+    validation; telemetry/mappings.py ships them: the two lists are one set of names."""
+    from latscope.scenario.telemetry import PROMETHEUS_MAPPINGS
+    from latscope.telemetry.mappings import MAPPINGS
+
+    assert tuple(MAPPINGS) == PROMETHEUS_MAPPINGS
