@@ -16,6 +16,7 @@ from types import UnionType
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
 DataPath = tuple[str | int, ...]  # a place in the loaded data: ("phases", 0, "arrival", "rate")
@@ -182,6 +183,14 @@ def dotted(path: DataPath) -> str:
     for item in path:
         text += f"[{item}]" if isinstance(item, int) else (f".{item}" if text else str(item))
     return text
+
+
+def model_field(model: Any, name: str | int) -> FieldInfo | None:
+    """The field of the model class `model` that a scenario file calls `name` (its alias, else its
+    name); None when there is none, or `model` is not a model. Schema walks step with it."""
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return None
+    return next((f for n, f in model.model_fields.items() if (f.alias or n) == name), None)
 
 
 def unwrap(tp: Any) -> Any:

@@ -30,7 +30,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from latscope.errors import ScenarioError
-from latscope.scenario.base import REFERENCE, DataPath, ProblemAt, dotted, unwrap
+from latscope.scenario.base import REFERENCE, DataPath, ProblemAt, dotted, model_field, unwrap
 from latscope.scenario.phases import ARRIVAL_TYPES
 from latscope.scenario.redact import is_secret, redact_url
 from latscope.scenario.schema import Scenario
@@ -400,7 +400,8 @@ def _allowed_fields(loc: tuple[str | int, ...]) -> list[str]:
     for item in loc:
         tp = unwrap(tp)
         if isinstance(tp, type) and issubclass(tp, BaseModel):
-            tp = next((f.annotation for name, f in tp.model_fields.items() if (f.alias or name) == item), None)
+            field = model_field(tp, item)
+            tp = field.annotation if field is not None else None
         elif get_origin(tp) is list:
             tp = get_args(tp)[0]
         elif get_origin(tp) is dict:

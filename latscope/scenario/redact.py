@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from latscope.scenario.base import (CREDENTIAL_NAME, REFERENCE, SECRET, SECRET_BY_NAME, URL_CREDENTIALS, DataPath,
-                                    unwrap)
+                                    model_field, unwrap)
 from latscope.scenario.schema import Scenario
 
 REDACTED = "<redacted>"
@@ -34,9 +34,9 @@ def _field_at(path: DataPath) -> tuple[FieldInfo | None, str | int | None]:
     for item in path:
         tp = unwrap(tp)
         if get_origin(tp) in (Union, UnionType):  # a union of models (arrivals): the member that has the field
-            tp = next((m for m in get_args(tp) if _model_field(m, item) is not None), None)
+            tp = next((m for m in get_args(tp) if model_field(m, item) is not None), None)
         if isinstance(tp, type) and issubclass(tp, BaseModel):
-            field, key = _model_field(tp, item), None
+            field, key = model_field(tp, item), None
             if field is None:
                 return None, None
             tp = field.annotation
@@ -47,12 +47,6 @@ def _field_at(path: DataPath) -> tuple[FieldInfo | None, str | int | None]:
         else:
             return None, None
     return field, key
-
-
-def _model_field(model: Any, name: str | int) -> FieldInfo | None:
-    if not (isinstance(model, type) and issubclass(model, BaseModel)):
-        return None
-    return next((f for n, f in model.model_fields.items() if (f.alias or n) == name), None)
 
 
 def is_secret(path: DataPath) -> bool:
