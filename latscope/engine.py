@@ -30,7 +30,7 @@ import numpy as np
 from latscope.intervals import IntervalRecorder
 from latscope.plan import after_idle, build_plan
 from latscope.protocols import Client, make_client
-from latscope.records import IntervalReport, Request, WorkerDone, WorkerFailed, WorkerMessage, WorkerReady
+from latscope.records import IntervalReport, Request, WorkerDone, WorkerFailed, WorkerReady
 from latscope.results.schema import CANCELLED, DROPPED, LATE, SENT
 from latscope.scenario import Scenario
 
@@ -269,14 +269,14 @@ async def _worker(spec: WorkerSpec, queue: Any, start_event: Any, t0_value: Any,
     await client.open()
     parent = os.getppid()
 
-    def report(message: WorkerMessage) -> None:
-        message.worker = spec.index
+    def report(message: IntervalReport) -> None:
+        message.worker = spec.index  # the recorder that made it does not know which worker it is
         queue.put(message)
 
     def should_stop() -> bool:
         return stop_event.is_set() or os.getppid() != parent
 
-    report(WorkerReady(spec.index, len(mine)))
+    queue.put(WorkerReady(spec.index, len(mine)))
     loop = asyncio.get_running_loop()
     while not await loop.run_in_executor(None, start_event.wait, 1.0):
         if should_stop():
@@ -314,4 +314,4 @@ async def _worker(spec: WorkerSpec, queue: Any, start_event: Any, t0_value: Any,
         not_sent, error_examples = await engine.run()
     finally:
         await client.close()
-    report(WorkerDone(spec.index, not_sent, error_examples))
+    queue.put(WorkerDone(spec.index, not_sent, error_examples))
