@@ -488,3 +488,35 @@ def phase_offsets(a: Arrival, d: float | None, rng: np.random.Generator,
                         lengths[key] = np.where(values > 0, np.minimum(scaled, cap or np.iinfo(np.int32).max), 0).astype(np.int32)
             return offsets, d, lengths
     raise AssertionError(f"unhandled arrival type {a.type}")
+
+
+def expected_arrivals(a: Arrival, d: float | None, resolve: Callable[[str], Path]) -> float:
+    """Λ(d): the expected number of arrivals of a scenario phase (arrival model `a`, duration `d`),
+    what its rates promise rather than what one seeded draw gave. `latscope capacity` scales a
+    scenario's traffic by one factor and calls the measured phases' Λ / duration its offered rate,
+    so the rate of a step is exact, not a Poisson count. Closed forms per shape (an MMPP's is its
+    stationary mean, (base·gap + burst·length) / (gap + length) per second); a trace's is its count."""
+    def overlap(start: float, length: float) -> float:  # of [start, start + length) with [0, d)
+        return max(0.0, min(start + length, d) - min(start, d))
+
+    match a.type:
+        case "constant" | "poisson":
+            return a.rate * d
+        case "burst":
+            cycles = math.ceil(d / a.period)
+            on = sum(overlap(k * a.period, a.burst_length) for k in range(cycles))
+            return a.burst_rate * on + a.base_rate * (d - on)
+        case "mmpp":
+            return (a.base_rate * a.mean_gap + a.burst_rate * a.mean_burst_length) / (a.mean_gap + a.mean_burst_length) * d
+        case "ramp":
+            return (a.from_rate + a.to_rate) / 2 * d
+        case "steps":
+            lasts = [overlap(i * a.step, a.step) for i in range(len(a.rates) - 1)]
+            return sum(r * t for r, t in zip(a.rates, lasts)) + a.rates[-1] * max(0.0, d - (len(a.rates) - 1) * a.step)
+        case "spike":
+            return a.base_rate * d + (a.spike_rate - a.base_rate) * overlap(a.at, a.length)
+        case "idle":
+            return 0.0
+        case "trace":
+            return float(len(phase_offsets(a, d, np.random.default_rng(0), resolve)[0]))
+    raise AssertionError(f"unhandled arrival type {a.type}")

@@ -58,12 +58,14 @@ def _run_gate(results_dir: Path, baseline: Path | None, slo_file: Path | None, j
     """Evaluate the gate, print why, write the requested reports; the exit code."""
     import os
 
+    from latscope.analysis.capacity_gate import capacity_gate, is_capacity_dir
     from latscope.analysis.gate import gate as evaluate_gate
     from latscope.scenario.gate_file import load_gate_file
     from latscope.report.gate_output import github_annotations, junit_xml, markdown as gate_markdown, text_table
 
     try:
-        result = evaluate_gate(results_dir, baseline, load_gate_file(slo_file))
+        evaluate = capacity_gate if is_capacity_dir(results_dir) else evaluate_gate
+        result = evaluate(results_dir, baseline, load_gate_file(slo_file))
     except (ScenarioError, ResultsError) as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
     click.echo(text_table(result))
@@ -82,6 +84,9 @@ def _run_gate(results_dir: Path, baseline: Path | None, slo_file: Path | None, j
 @_gate_options
 def gate(results_dir: Path, baseline: Path | None, slo_file: Path | None, junit: Path | None, markdown: Path | None) -> None:
     """Pass or fail RESULTS_DIR: validity, SLOs, and p50/p99 regressions against --baseline.
+
+    A capacity directory (`latscope capacity`) is gated on its answer: min_capacity_rps in the --slo
+    file, and a regression only when its bracket is wholly below a --baseline capacity directory's.
 
     Exit codes: 0 pass, 1 SLO breach, 2 usage error, 3 regression, 4 inconclusive or invalid measurement."""
     sys.exit(_run_gate(results_dir, baseline, slo_file, junit, markdown))
@@ -146,6 +151,70 @@ def run(scenario_file: Path, out: Path | None, overrides: tuple[str, ...], worke
     sys.exit(EXIT_RUN_ERROR if result.summary["partial"] else EXIT_OK)
 
 
+class _DurationType(click.ParamType):
+    """A duration as a scenario writes one: 30s, 2m, 500ms or a number of seconds."""
+
+    name = "duration"
+
+    def convert(self, value, param, ctx):  # noqa: ANN001 - click's signature
+        from pydantic import TypeAdapter, ValidationError
+
+        from latscope.scenario import PositiveDuration
+
+        try:
+            return TypeAdapter(PositiveDuration).validate_python(value)
+        except ValidationError as exc:
+            self.fail(f"{value!r}: {exc.errors()[0]['msg']}", param, ctx)
+
+
+@main.command()
+@click.argument("scenario_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Capacity directory (default: output.dir/<scenario>-capacity-<UTC time>).")
+@click.option("--precision", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.05, show_default=True,
+              help="Stop when the bracket [highest pass, lowest fail] is this narrow, relative to its lower end.")
+@click.option("--min-rate", type=click.FloatRange(0, min_open=True), help="First step's rate, req/s (default: the scenario's).")
+@click.option("--max-rate", type=click.FloatRange(0, min_open=True), help="No step above this rate, req/s.")
+@click.option("--max-steps", type=click.IntRange(min=1), default=12, show_default=True, help="Most steps to run.")
+@click.option("--step-duration", type=_DurationType(), help="Measured phases' duration per step, e.g. 30s (default: as written).")
+@click.option("--confidence", type=click.FloatRange(0.5, 1, max_open=True), default=0.95, show_default=True,
+              help="Two-sided level of each SLO statistic's confidence interval.")
+@click.option("--price-per-hour", type=click.FloatRange(0, min_open=True),
+              help="The endpoint's price per hour (e.g. its GPU hours): cost per 1,000 requests and per 1M output tokens.")
+@_set_option
+@click.option("--workers", type=click.IntRange(min=1), help="Worker processes per step (default: one per CPU core).")
+@click.option("--quiet", is_flag=True, help="Only a line per step.")
+def capacity(scenario_file: Path, out: Path | None, precision: float, min_rate: float | None, max_rate: float | None,
+             max_steps: int, step_duration: float | None, confidence: float, price_per_hour: float | None,
+             overrides: tuple[str, ...], workers: int | None, quiet: bool) -> None:
+    """Find the highest rate at which every SLO of SCENARIO_FILE holds with confidence.
+
+    Runs the scenario's traffic shape scaled up and down (double until a step fails, then bisect),
+    each step an ordinary results directory under OUT/steps/, and writes OUT/capacity.json and
+    OUT/capacity.html. Exit codes: 0 capacity found, 1 the SLOs fail even at the lowest rate,
+    2 bad input, 4 stopped without an answer (generator limit, inconclusive, --max-steps, interrupted)."""
+    import time
+
+    from latscope.capacity import CapacityOptions, find_capacity
+    from latscope.console import CapacityDisplay, print_capacity
+    from latscope.results import create_run_dir
+    from latscope.scenario import load_scenario
+
+    console = Console() if sys.stdout.isatty() else Console(width=120)
+    options = CapacityOptions(precision, min_rate, max_rate, max_steps, step_duration, confidence, price_per_hour, workers)
+    try:
+        scenario = load_scenario(scenario_file, overrides)
+        out = create_run_dir(scenario.output.dir, f"{scenario.name}-capacity", time.time(), out)
+        with CapacityDisplay(console, live=not quiet) as display:
+            document = find_capacity(scenario, out, options, on_step=display.on_step, on_progress=display)
+    except ScenarioError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    except LatscopeError as exc:
+        _fail(str(exc), EXIT_RUN_ERROR)
+    print_capacity(console, document, out)
+    sys.exit(document["exit_code"])
+
+
 @main.command()
 @click.argument("scenario_file", type=click.Path(dir_okay=False, path_type=Path))
 @_set_option
@@ -207,9 +276,19 @@ _cdn_option = click.option("--cdn", is_flag=True, help="Load plotly.js from its 
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), help="HTML file (default: RESULTS_DIR/report.html; the Markdown summary goes next to it).")
 @_cdn_option
 def report(results_dir: Path, out: Path | None, cdn: bool) -> None:
-    """Write the HTML report and summary.md of RESULTS_DIR."""
-    from latscope.report import write_report
+    """Write the HTML report and summary.md of RESULTS_DIR (of a capacity directory: its capacity.html)."""
+    from latscope.analysis.capacity_gate import is_capacity_dir
+    from latscope.report import write_capacity_page, write_report
 
+    if is_capacity_dir(results_dir):
+        if out is not None:  # its links to steps/ are relative: the page lives beside them
+            _fail(f"{results_dir} is a capacity directory: its page is written as {results_dir}/capacity.html, next to "
+                  "the steps it links to (leave out -o)", EXIT_BAD_INPUT)
+        try:
+            click.echo(f"capacity page: {write_capacity_page(results_dir, cdn=cdn)}")
+        except LatscopeError as exc:
+            _fail(str(exc), EXIT_BAD_INPUT)
+        return
     try:
         html_path, md_path = write_report(_results_dir(results_dir), out, cdn=cdn)
     except LatscopeError as exc:

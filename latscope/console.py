@@ -14,7 +14,8 @@ from rich.table import Table
 from rich.text import Text
 
 from latscope.analysis import coldstart
-from latscope.report.words import event_text
+from latscope.capacity import StepStart
+from latscope.report.words import event_text, goodput_sentence, slo_value_text
 from latscope.run import Progress
 
 PLAIN_EVERY_S = 10.0
@@ -113,10 +114,15 @@ def print_summary(console: Console, summary: dict, run_dir: object) -> None:
         console.print("errors by kind: " + ", ".join(f"{k} {v:,}" for k, v in errors.items()), highlight=False)
         for kind, examples in summary.get("error_examples", {}).items():
             console.print(Text(f"  {kind}: {examples[0]}", style="dim"))
+    goodput = (summary.get("goodput") or {}).get("all")
+    if goodput:
+        console.print(f"goodput: {goodput_sentence(goodput)}", highlight=False)
     for slo in summary["slo"]:
         mark = Text("PASS", "green") if slo["passed"] else Text("FAIL", "red")
-        console.print(Text.assemble("SLO ", mark, f" {slo['metric']}/{slo['class']} {slo['stat']} "
-                                    f"{_ms(slo['value'])} {'≥' if slo.get('direction') == 'min' else '≤'} {slo['limit']:g}"))
+        value, limit = (_ms(slo["value"]), f"{slo['limit']:g}") if str(slo["stat"]).endswith("_ms") else (
+            slo_value_text(slo["stat"], slo["value"], _ms), slo_value_text(slo["stat"], slo["limit"], _ms))
+        console.print(Text.assemble("SLO ", mark, f" {slo['metric']}/{slo['class']} {slo['stat']} {value} "
+                                    f"{'≥' if slo.get('direction') == 'min' else '≤'} {limit}"))
     for event in coldstart.capacity_events(summary.get("cold_start")):
         console.print(Text.assemble(Text("cold start" if event.get("cold") else "capacity change",
                                          "bold red" if event.get("cold") else "green"),
@@ -127,3 +133,73 @@ def print_summary(console: Console, summary: dict, run_dir: object) -> None:
     if summary["partial"]:
         console.print(Text(f"partial run: {summary['abort_reason']}", "bold yellow"))
     console.print(f"results: {run_dir}", highlight=False)
+
+
+# -- latscope capacity ------------------------------------------------------------------------------
+
+
+def _rate(r: float | None) -> str:
+    return "—" if r is None else f"{r:,.4g}"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 600 else f"{int(seconds) // 60}m{int(seconds) % 60:02d}s"
+
+
+def step_start_line(s: StepStart) -> str:
+    """A step about to run: its rate, the bracket so far, and at most how much is left."""
+    again = " again, twice as long" if s.longer else ""
+    expected = f"about {s.steps_expected} more, " if s.steps_expected is not None else ""
+    return (f"step {s.index}: {_rate(s.rate_rps)} req/s{again} · bracket [{_rate(s.low)}, {_rate(s.high)}] req/s · "
+            f"{expected}at most {s.steps_left_max} steps, ≤ {_duration(s.time_left_max_s)} left")
+
+
+def step_line(step: dict) -> str:
+    """A judged step: its verdict and each SLO's value with its interval."""
+    def value(j: dict) -> str:
+        unit = {"ms": " ms", "req/s": " req/s", "fraction": ""}[j["unit"]]
+        v = "no data" if j["value"] is None else f"{j['value']:.4g}{unit}"
+        ci = f" [{_num(j['low'])}–{_num(j['high'])}]" if j["low"] != j["high"] else ""
+        return f"{j['name']} {v}{ci} {'≤' if j['bound'] == 'max' else '≥'} {j['limit']:g}: {j['verdict']}"
+
+    counted = f" (counted as {step['counted_as']})" if step["counted_as"] and step["counted_as"] != step["verdict"] else ""
+    head = f"step {step['index']}: {_rate(step['rate_rps'])} req/s {step['verdict'].upper()}{counted}"
+    if "achieved_rps" in step:
+        head += f", achieved {_rate(step['achieved_rps'])} req/s"
+    parts = [value(j) for j in step.get("slos", [])]
+    return "  ".join([head, *parts] + ([step["note"]] if step["note"] else []))
+
+
+def _num(x: float | None) -> str:
+    return "?" if x is None else f"{x:.4g}"
+
+
+class CapacityDisplay(ProgressDisplay):
+    """`latscope capacity`'s terminal: a line per step before and after it runs, and each step's
+    live run progress (`live`) in between."""
+
+    def __init__(self, console: Console, live: bool = True):
+        super().__init__(console, enabled=live)
+
+    def on_step(self, item: StepStart | dict) -> None:
+        out = self._live.console if self._live is not None else self.console
+        if isinstance(item, StepStart):
+            self._events_printed = 0  # a new run: its events count from zero
+            self._last_plain = 0.0
+            out.print(Text(step_start_line(item), style="bold"), highlight=False, soft_wrap=True)
+        else:
+            style = {"pass": "green", "fail": "red"}.get(item["counted_as"] or "", "yellow")
+            out.print(Text(step_line(item), style=style), highlight=False, soft_wrap=True)
+
+
+def print_capacity(console: Console, document: dict, out: object) -> None:
+    """The answer: capacity and bracket, why the search stopped, cost, and where the files are."""
+    ok = document["exit_code"] == 0
+    console.print(Text.assemble(Text("capacity: " if ok else "no capacity: ", "bold green" if ok else "bold red"),
+                                document["message"]), soft_wrap=True)
+    cost = document.get("cost")
+    if cost:
+        per_tokens = f", ${cost['per_1m_output_tokens']:,.4g} per 1M output tokens" if cost["per_1m_output_tokens"] else ""
+        console.print(f"cost at {_rate(cost['at_rate_rps'])} req/s and ${cost['price_per_hour']:g}/h: "
+                      f"${cost['per_1k_requests']:,.4g} per 1,000 requests{per_tokens}", highlight=False)
+    console.print(f"results: {out}  (capacity.json, capacity.html, steps/)", highlight=False, soft_wrap=True)

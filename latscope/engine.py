@@ -75,6 +75,7 @@ class Engine:
         should_stop: Callable[[], bool],
         precise_timer: bool,
         probes: frozenset[int] = frozenset(),
+        goodput: list[dict[str, float] | None] | None = None,
     ):
         self.client = client
         self.intended_ns, self.seq, self.cls, self.warmup = intended_ns, seq, cls, warmup
@@ -88,7 +89,8 @@ class Engine:
         self.report = report
         self.should_stop = should_stop
         self.spin_ns = SPIN_NS if precise_timer else 0
-        self.measure = IntervalRecorder(class_names, probes)  # probes: plan indices reported one by one
+        # probes: plan indices reported one by one; goodput: each class's objectives (Scenario.goodput_objectives)
+        self.measure = IntervalRecorder(class_names, probes, goodput)
         self.in_flight = 0
         self.consumed = 0  # how many of this worker's planned requests were sent, dropped or skipped
         self.stopping = False
@@ -304,6 +306,7 @@ async def _worker(spec: WorkerSpec, queue: Any, start_event: Any, t0_value: Any,
         report=report,
         should_stop=should_stop,
         probes=frozenset(np.intersect1d(after_idle(plan)[0], mine).tolist()),
+        goodput=scenario.goodput_objectives(),
     )
     # Freeze what exists now (plan, imports) out of the collector's reach and make young
     # collections rarer: fewer client pauses while measuring. Pauses still happen and are recorded.

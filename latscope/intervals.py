@@ -13,24 +13,52 @@ outcomes *mean*, following the timing rules (DESIGN.md), all from the intended t
 
 Values are µs (integer division of ns). A failed request counts under its error kind and keeps a
 few distinct messages; it adds nothing to the latency histograms.
+
+Goodput (DistServe's): a request of a class with objectives (Scenario.goodput_objectives) is *good*
+when it succeeded and met every objective of its class, judged here, exactly, one request at a time
+(never from percentiles), on the same µs values the histograms get:
+
+    latency = end − intended;  ttft = first token chunk − intended (no chunks: ttft = latency)
+    tpot    = (end − first token) // (tokens − 1)          (met with ≤ 1 token)
+    itl     = the request's longest gap between token chunks  (met with < 2 chunks)
+
+each met when value_us <= objective_ms × 1000. A good request counts in `good` and its output
+tokens in `good_output_tokens` (results.schema.COUNTERS); a failed, dropped or cancelled one never.
 """
 
 from __future__ import annotations
 
 from latscope.records import IntervalReport, Outcome, Probe, Request
 from latscope.recorder import Recorder
-from latscope.results.schema import (COMPLETED, COUNTERS, ERROR_INDEX, MAX_REPLICA_CLASSES, OTHER_REPLICAS,
-                                     OUTPUT_TOKENS, OUTPUT_TOKENS_USAGE, PROMPT_TOKENS, REPLICA_METRIC, replica_class)
+from latscope.results.schema import (COMPLETED, COUNTERS, ERROR_INDEX, GOOD, GOOD_OUTPUT_TOKENS, MAX_REPLICA_CLASSES,
+                                     OTHER_REPLICAS, OUTPUT_TOKENS, OUTPUT_TOKENS_USAGE, PROMPT_TOKENS, REPLICA_METRIC,
+                                     replica_class)
 
 MAX_ERROR_EXAMPLES = 5  # distinct error messages kept per kind
+NO_LIMIT = 1 << 62  # an objective that is not set: every value meets it
+
+GoodputLimits = tuple[int, int, int, int]  # goodput objectives in µs: (ttft, tpot, itl, latency), NO_LIMIT when unset
+
+
+def goodput_limits(objectives: dict[str, float] | None) -> GoodputLimits | None:
+    """A class's goodput objectives ({"ttft_ms": 500.0, ...}, as Scenario.goodput_objectives gives
+    them) as whole µs, the histograms' unit: floor(ms × 1000), so `value_us <= limit` is
+    `value_us <= objective_ms × 1000` for every integer value_us. None: the class has none."""
+    if not objectives:
+        return None
+    return tuple(int(objectives[name] * 1000 + 1e-6) if name in objectives else NO_LIMIT  # type: ignore[return-value]
+                 for name in ("ttft_ms", "tpot_ms", "itl_ms", "latency_ms"))
 
 
 class IntervalRecorder:
     """Records outcomes into the current interval; `take()` ends the interval."""
 
-    def __init__(self, class_names: list[str], probes: frozenset[int] = frozenset()):
+    def __init__(self, class_names: list[str], probes: frozenset[int] = frozenset(),
+                 goodput: list[dict[str, float] | None] | None = None):
         self.class_names = class_names
         self.probes = probes  # plan indices of requests reported one by one (plan.after_idle)
+        # per class index: its goodput objectives in µs (goodput_limits), None for a class without
+        self.goodput = [goodput_limits(g) for g in goodput] if goodput else [None] * len(class_names)
         self.recorder = Recorder()
         self.counters: dict[tuple[int, bool], list[int]] = {}
         self.error_examples: dict[str, list[str]] = {}  # for the whole run, not per interval
@@ -85,6 +113,11 @@ class IntervalRecorder:
                     server_ms = outcome.server_timing.get("total") or sum(outcome.server_timing.values())
                     rest_ns = service_ns - outcome.encode_ns - outcome.decode_ns - int(server_ms * 1e6)
                     record("network", name, max(0, rest_ns) // 1000, warm)
+            limits = self.goodput[request.cls]
+            if limits is not None and _is_good(request, outcome, latency_us, limits):
+                row = self._row(request.cls, warm)
+                row[GOOD] += 1
+                row[GOOD_OUTPUT_TOKENS] += outcome.output_tokens or len(outcome.token_ns or ())
         else:
             self.count(request.cls, warm, ERROR_INDEX[outcome.error])
             examples = self.error_examples.setdefault(outcome.error, [])
@@ -128,3 +161,26 @@ class IntervalRecorder:
         replicas, self.replicas_new = self.replicas_new, {}
         probes, self.probes_new = self.probes_new, []
         return IntervalReport(interval, histograms, clamped, counters, in_flight, replicas, probes, self.first_ok)
+
+
+def _is_good(request: Request, outcome: Outcome, latency_us: int, limits: GoodputLimits) -> bool:
+    """Whether a successful request met every goodput objective of its class (the module docstring)."""
+    ttft_max, tpot_max, itl_max, latency_max = limits
+    if latency_us > latency_max:
+        return False
+    times = outcome.token_ns
+    if not times:  # the whole answer is its first token: ttft = latency, no gaps, tpot (end − end) = 0
+        return latency_us <= ttft_max
+    first = times[0]
+    if (first - request.intended_ns) // 1000 > ttft_max:
+        return False
+    tokens = outcome.output_tokens or len(times)
+    if tokens > 1 and (outcome.end_ns - first) // 1000 // (tokens - 1) > tpot_max:
+        return False
+    if itl_max != NO_LIMIT:
+        previous = first
+        for t in times[1:]:
+            if (t - previous) // 1000 > itl_max:
+                return False
+            previous = t
+    return True

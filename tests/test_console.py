@@ -41,3 +41,23 @@ def test_each_event_is_printed_once_and_markup_from_a_target_is_shown_as_text():
     assert text.count("new replica [bold]r0[/bold], first response 5 ms") == 1
     assert text.count("action a (http) ok, status 200") == 1
     assert text.index("new replica") < text.index("action a")
+
+
+def test_the_final_summary_says_the_goodput_in_one_line_and_goodput_slos_in_their_units():
+    from latscope.console import print_summary
+
+    summary = {"scenario": "s", "metrics": {}, "requests": {"sent": 1000, "completed": 1000, "errors": 0, "dropped": 0, "late": 0},
+               "throughput": {"offered_rps": 75.0, "achieved_rps": 75.0}, "errors": {}, "validity": "valid",
+               "validity_reasons": [], "partial": False,
+               "goodput": {"all": {"good": 987, "total": 1000, "fraction": 0.987, "rps": 74.0, "output_tokens_per_s": 1234.4}},
+               "slo": [{"metric": "goodput", "class": "all", "stat": "fraction", "limit": 0.99, "value": 0.987, "passed": False,
+                        "direction": "min"},
+                       {"metric": "latency", "class": "all", "stat": "p99_ms", "limit": 100, "value": 41.234, "passed": True}]}
+    out = io.StringIO()
+    print_summary(Console(file=out, width=200), summary, "results/x")
+    text = out.getvalue()
+    assert "goodput: 98.7% of requests met every objective (987 of 1,000), 74.0 req/s, 1,234 output tokens/s\n" in text
+    assert "SLO FAIL goodput/all fraction 98.7% ≥ 99.0%" in text and "SLO PASS latency/all p99_ms 41.23 ≤ 100" in text
+    out = io.StringIO()
+    print_summary(Console(file=out, width=200), {**summary, "goodput": {}, "slo": []}, "results/x")
+    assert "goodput" not in out.getvalue()

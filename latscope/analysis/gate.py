@@ -140,16 +140,20 @@ def _fmt_value(stat: str, value: float | None) -> str:
         return "no data"
     if stat == "error_rate":
         return f"{value:.2%}"
-    if stat == "throughput":
+    if stat == "fraction":  # of requests that met every goodput objective
+        return f"{value:.1%}"
+    if stat in ("throughput", "rps"):
         return f"{value:.1f} req/s"
     return f"{value:g} ms"
 
 
 def slo_checks(summary: dict, slos: list[Slo]) -> list[Check]:
-    """Each SLO against the run's summary (values as summary.json reports them)."""
+    """Each SLO against the run's summary (values as summary.json reports them; a run written
+    before goodput existed has none, so its goodput SLOs have no data)."""
     checks = []
     tput = summary.get("throughput", {}).get("achieved_rps")
-    for slo, v in zip(slos, slo_verdicts(summary.get("metrics", {}), slos, summary.get("requests"), tput)):
+    verdicts = slo_verdicts(summary.get("metrics", {}), slos, summary.get("requests"), tput, summary.get("goodput"))
+    for slo, v in zip(slos, verdicts):
         subject = "error rate" if slo.stat == "error_rate" else "throughput" if slo.stat == "throughput" else f"{slo.metric}/{slo.class_} {slo.stat}"
         op = "≤" if slo.bound == "max" else "≥"
         limit = _fmt_value(slo.stat, slo.threshold)

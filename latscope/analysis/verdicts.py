@@ -57,22 +57,27 @@ def error_rate(requests: dict) -> float | None:
     return requests.get("errors", 0) / answered if answered else None
 
 
-def slo_value(metrics: dict, slo: Any, requests: dict | None = None, achieved_rps: float | None = None) -> float | None:
-    """The value an SLO is about: a metric statistic in ms, the run's error rate or its achieved req/s."""
+def slo_value(metrics: dict, slo: Any, requests: dict | None = None, achieved_rps: float | None = None,
+              goodput: dict | None = None) -> float | None:
+    """The value an SLO is about: a metric statistic in ms, the run's error rate or its achieved
+    req/s, or a goodput statistic (summary.json's goodput[class][fraction | rps])."""
     if slo.stat == "error_rate":
         return error_rate(requests) if requests is not None else None
     if slo.stat == "throughput":
         return achieved_rps
+    if slo.metric == "goodput":
+        return (goodput or {}).get(slo.class_, {}).get(slo.stat)
     return metrics.get(slo.metric, {}).get(slo.class_, {}).get(f"{slo.stat}_ms")
 
 
-def slo_verdicts(metrics: dict, slos: list[Any], requests: dict | None = None, achieved_rps: float | None = None) -> list[dict]:
+def slo_verdicts(metrics: dict, slos: list[Any], requests: dict | None = None, achieved_rps: float | None = None,
+                 goodput: dict | None = None) -> list[dict]:
     """One verdict per SLO: the statistic's value against its limit (at most the limit, or at least
     it for `direction: min`). No data is a failure. Error-rate and throughput SLOs need the run's
-    `requests` counts and `achieved_rps`."""
+    `requests` counts and `achieved_rps`; goodput SLOs the summary's `goodput`."""
     verdicts = []
     for slo in slos:
-        value = slo_value(metrics, slo, requests, achieved_rps)
+        value = slo_value(metrics, slo, requests, achieved_rps, goodput)
         limit = slo.threshold
         within = value is not None and (value <= limit if slo.bound == "max" else value >= limit)
         verdict = {
@@ -86,6 +91,8 @@ def slo_verdicts(metrics: dict, slos: list[Any], requests: dict | None = None, a
         if slo.bound == "min":
             verdict["direction"] = "min"
         if value is None:
-            verdict["reason"] = "no data for this metric and class"
+            verdict["reason"] = ("no goodput for this class (the run's scenario set no goodput objectives for it, "
+                                 "or no request was measured)" if slo.metric == "goodput"
+                                 else "no data for this metric and class")
         verdicts.append(verdict)
     return verdicts

@@ -1,7 +1,8 @@
 """Reports over a results directory: the HTML page (html.py: tables and the page), its panels
 (panels.py: the one list of panels, read by both pages; figures.py: one plotly figure per panel), the
-run-vs-run page (compare.py), the Markdown summary (markdown.py), the gate's outputs (gate_output.py),
-and what they share: escaping (escape.py) and events in words (words.py, the terminal's too). They
+run-vs-run page (compare.py), the capacity search's page (capacity_page.py, its figures in
+capacity_figures.py), the Markdown summary (markdown.py), the gate's outputs (gate_output.py), and what
+they share: escaping (escape.py) and events in words (words.py, the terminal's too). They
 draw what latscope.analysis computes; they compute no statistic of their own."""
 
 from __future__ import annotations
@@ -41,3 +42,11 @@ def write_compare(base_dir: str | Path, new_dir: str | Path, out: str | Path | N
     write_text(html_path, page)
     write_text(md_path, compare_markdown(base, new, deltas))
     return html_path, md_path
+
+
+def write_capacity_page(capacity_dir: str | Path, cdn: bool = False) -> Path:
+    """Write CAPACITY_DIR/capacity.html from the CAPACITY_DIR/capacity.json `latscope capacity` wrote;
+    returns its path. ResultsError when capacity.json is missing or unreadable."""
+    from latscope.report.capacity_page import write_capacity_page as write
+
+    return write(capacity_dir, cdn=cdn)

@@ -30,6 +30,7 @@ from latscope.analysis.run_data import RunData
 from latscope.report.escape import esc_html
 from latscope.report.figures import Panel
 from latscope.report.panels import PANELS
+from latscope.report.words import goodput_sentence, objectives_text, slo_value_text
 from latscope.results.schema import metric_label
 
 CDN_URL = "https://cdn.plot.ly/plotly-{version}.min.js"
@@ -87,10 +88,33 @@ def slo_table(summary: dict) -> str:
     rows = "".join(
         f"<tr class=\"{'good' if s.get('passed') else 'bad'}\"><td>{'✔ met' if s.get('passed') else '✘ missed'}</td>"
         f"<td>{esc_html(metric_label(s['metric']))}</td><td>{esc_html(s['class'])}</td>"
-        f"<td>{esc_html(str(s['stat']).removesuffix('_ms'))}</td><td class=n>{fmt_ms(s.get('value'))}</td><td class=n>≤ {fmt_ms(s.get('limit'))}</td>"
+        f"<td>{esc_html(str(s['stat']).removesuffix('_ms'))}</td><td class=n>{esc_html(slo_value_text(str(s['stat']), s.get('value'), fmt_ms))}</td>"
+        f"<td class=n>{'≥' if s.get('direction') == 'min' else '≤'} {esc_html(slo_value_text(str(s['stat']), s.get('limit'), fmt_ms))}</td>"
         f"<td>{esc_html(s.get('reason', ''))}</td></tr>" for s in slos)
-    return ("<table><tr><th>SLO</th><th>metric</th><th>class</th><th>statistic</th><th class=n>measured ms</th>"
-            "<th class=n>limit ms</th><th></th></tr>" + rows + "</table>")
+    return ("<table><tr><th>SLO</th><th>metric</th><th>class</th><th>statistic</th><th class=n>measured</th>"
+            "<th class=n>limit</th><th></th></tr>" + rows + "</table>")
+
+
+def goodput_table(summary: dict) -> str:
+    """summary.json's goodput, one row per class with objectives and "all"; "" when the run has none
+    (its scenario set no objectives, or it was written before goodput existed)."""
+    goodput = summary.get("goodput") or {}
+    if not goodput:
+        return ""
+    rows = []
+    for cls, g in goodput.items():
+        fraction, strong = g.get("fraction"), " class=\"total\"" if cls == "all" else ""
+        objectives = "each class its own" if cls == "all" else esc_html(objectives_text(g.get("objectives") or {}))
+        rows.append(
+            f"<tr{strong}><td>{esc_html(cls)}</td><td>{objectives}</td>"
+            f"<td class=n>{g.get('good', 0):,} / {g.get('total', 0):,}</td>"
+            f"<td class=n>{'–' if fraction is None else f'{fraction:.1%}'}</td><td class=n>{g.get('rps', 0):,.1f}</td>"
+            f"<td class=n>{g.get('output_tokens_per_s', 0):,.1f}</td></tr>")
+    lead = (f"<p>A request is good when it succeeded and met every objective of its class, each timed from its "
+            f"intended send time (ITL: the request's worst gap between tokens). All: "
+            f"{esc_html(goodput_sentence(goodput.get('all', {})))}.</p>")
+    return (lead + "<table><tr><th>class</th><th>objectives</th><th class=n>good / measured</th><th class=n>% good</th>"
+            "<th class=n>goodput req/s</th><th class=n>good output tokens/s</th></tr>" + "".join(rows) + "</table>")
 
 
 def percentile_table(summary: dict) -> str:
@@ -276,12 +300,15 @@ def panel_html(panel: Panel) -> str:
     return "".join(body)
 
 
-def page(title: str, header_html: str, body_html: list[str], panels: list[Panel], tail_html: list[str], cdn: bool) -> str:
+def page(title: str, header_html: str, body_html: list[str], panels: list[Panel], tail_html: list[str], cdn: bool,
+         css: str = "") -> str:
+    """The page every report shares: CSS (plus a page's own `css`), plotly.js, the header, then the
+    body, the panels and the tail, and the figures as JSON. `title` and the HTML parts are trusted."""
     nav = "".join(f'<a href="#{p.id}">{p.title.split(":")[0]}</a>' for p in panels if p.figure is not None)
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{title}</title>"
-        f"<style>{CSS}</style>{plotly_script(cdn)}</head><body>"
+        f"<style>{CSS}{css}</style>{plotly_script(cdn)}</head><body>"
         f"<header><div class=\"inner\">{header_html}<nav>{nav}</nav></div></header><main>"
         + "".join(body_html) + "".join(panel_html(p) for p in panels) + "".join(tail_html)
         + f"<footer>latscope {esc_html(__version__)}</footer></main>"
@@ -304,6 +331,7 @@ def report_html(run: RunData, cdn: bool = False) -> str:
         "<div class=\"grid\">"
         f"<section id=\"slos\"><h2>SLOs</h2>{slo_table(s)}</section>"
         f"<section id=\"requests\"><h2>Requests and throughput</h2>{requests_table(s)}</section></div>",
+        f"<section id=\"goodput\"><h2>Goodput</h2>{goodput_table(s)}</section>" if s.get("goodput") else "",
         f"<section id=\"percentiles\"><h2>Percentiles (ms, outside warm-up)</h2>{percentile_table(s)}</section>",
         f"<section id=\"errors\"><h2>Errors</h2>{errors_table(s)}</section>",
     ]

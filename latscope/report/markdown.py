@@ -11,6 +11,7 @@ import re
 
 from latscope.analysis import coldstart
 from latscope.report.html import PERCENTILE_COLUMNS, TABLE_METRICS, fmt_ms, headline
+from latscope.report.words import goodput_sentence, objectives_text, slo_value_text
 from latscope.results.schema import metric_label
 
 # What can start markup inside a line of a table cell or a bold headline. Line-start syntax (#, -, 1.,
@@ -42,9 +43,19 @@ def summary_markdown(summary: dict, report_name: str | None = "report.html") -> 
               f"{r.get('errors', 0):,} errors, {r.get('dropped', 0):,} dropped."]
     slos = s.get("slo") or []
     if slos:
-        lines += ["", *_table(["SLO", "metric", "class", "stat", "measured ms", "limit ms"], [
+        lines += ["", *_table(["SLO", "metric", "class", "stat", "measured", "limit"], [
             ["✅ met" if x.get("passed") else "❌ missed", md(metric_label(x["metric"])), md(x["class"]),
-             md(str(x["stat"]).removesuffix("_ms")), fmt_ms(x.get("value")), fmt_ms(x.get("limit"))] for x in slos])]
+             md(str(x["stat"]).removesuffix("_ms")), md(slo_value_text(str(x["stat"]), x.get("value"), fmt_ms)),
+             ("≥ " if x.get("direction") == "min" else "≤ ") + md(slo_value_text(str(x["stat"]), x.get("limit"), fmt_ms))]
+            for x in slos])]
+    goodput = s.get("goodput") or {}
+    if goodput:
+        lines += ["", f"Goodput: {md(goodput_sentence(goodput.get('all', {})))}.", "",
+                  *_table(["class", "objectives", "good / measured", "% good", "goodput req/s", "good output tokens/s"], [
+                      [md(cls), md(objectives_text(g.get("objectives") or {})) if cls != "all" else "each class its own",
+                       f"{g.get('good', 0):,} / {g.get('total', 0):,}",
+                       "–" if g.get("fraction") is None else f"{g['fraction']:.1%}",
+                       f"{g.get('rps', 0):,.1f}", f"{g.get('output_tokens_per_s', 0):,.1f}"] for cls, g in goodput.items()])]
     rows = [[md(metric_label(m)), md(cls), f"{st.get('count', 0):,}", *(fmt_ms(st.get(k)) for k, _ in PERCENTILE_COLUMNS)]
             for m in TABLE_METRICS for cls, st in s.get("metrics", {}).get(m, {}).items()]
     if rows:

@@ -1,4 +1,5 @@
-"""Events of events.jsonl in words, in one place for the terminal and the report's time plots.
+"""Events of events.jsonl, and summary.json's goodput, in words, in one place for the terminal and the
+report (its time plots, its tables, summary.md).
 
 - `event_text(e)`: the long form the terminal prints as a run goes (console.event_line puts the time
   before it): "action ping (http) ok, status 200 in 0.02 s", "new replica r1, first response 378 ms".
@@ -9,10 +10,18 @@
   scenario or the target goes through `esc_label`, and the label (for "run stopped", the reason) is
   cut at LABEL_CHARS characters after escaping; the words written here have no '&', '<' or '>'.
 
+- `goodput_sentence(g)`: one entry of summary.json's goodput (results.schema.GOODPUT_STATS) as a
+  sentence: "98.7% of requests met every objective, 74.0 req/s, 1,234 output tokens/s";
+  `objectives_text(o)`: a class's objectives, "TTFT ≤ 500 ms, ITL (worst gap) ≤ 50 ms";
+  `slo_value_text(stat, v, ms)`: an SLO verdict's value or limit in its unit ("98.7%", "74.0 req/s",
+  or `ms(v)` + " ms" for a time statistic). Plain text.
+
 It imports no plotly, so the terminal can use it without loading the figures.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 from latscope.report.escape import esc_label
 
@@ -56,3 +65,32 @@ def event_label(e: dict, failed: bool = False) -> str:
         return f"run stopped: {esc_label(e.get('reason', ''))[:LABEL_CHARS]}"
     detail = e.get("replica") or e.get("action") or e.get("reason") or ""
     return esc_label(kind.replace("_", " ") + (f" {detail}" if detail else ""))[:LABEL_CHARS]
+
+
+OBJECTIVE_WORDS = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL (worst gap)", "latency_ms": "latency"}
+
+
+def objectives_text(objectives: dict) -> str:
+    """A class's goodput objectives ({"ttft_ms": 500, ...}) in words, plain text, not escaped."""
+    return ", ".join(f"{OBJECTIVE_WORDS.get(k, k)} ≤ {v:,g} ms" for k, v in objectives.items())
+
+
+def goodput_sentence(g: dict) -> str:
+    """One class's (or "all"'s) goodput in words, plain text: how many requests were good, at what rate."""
+    if g.get("fraction") is None:
+        return "no request was measured"
+    tokens = g.get("output_tokens_per_s") or 0
+    return (f"{g['fraction']:.1%} of requests met every objective ({g.get('good', 0):,} of {g.get('total', 0):,}), "
+            f"{g.get('rps', 0):,.1f} req/s" + (f", {tokens:,.0f} output tokens/s" if tokens else ""))
+
+
+def slo_value_text(stat: str, value: float | None, ms: Callable[[float], str]) -> str:
+    """An SLO verdict's value or limit (summary.json's slo[].value / limit) in the unit of its `stat`:
+    a fraction as a percentage, a rate in req/s, a time statistic as `ms(value)` ms; "–" for none."""
+    if value is None:
+        return "–"
+    if stat in ("error_rate", "fraction"):
+        return f"{value:.2%}" if stat == "error_rate" else f"{value:.1%}"
+    if stat in ("throughput", "rps"):
+        return f"{value:,.1f} req/s"
+    return f"{ms(value)} ms"

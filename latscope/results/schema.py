@@ -36,12 +36,29 @@ ERROR_KINDS = ("connect", "timeout", "http_4xx", "http_5xx", "protocol")
 # Per-interval counters of each (class, warm-up) pair, in this order: in the workers' interval
 # reports (as lists indexed by the constants below) and as timeseries.parquet columns. The token
 # counters add up the tokens of completed requests (output_tokens_usage: those whose count came
-# from the server's usage report rather than from counting chunks).
+# from the server's usage report rather than from counting chunks). The goodput counters: `good`,
+# requests of a class with goodput objectives that succeeded and met every one (intervals.py judges
+# each request as it completes), and `good_output_tokens`, their output tokens; 0 for a class
+# without objectives. New counters go at the end (a counter's index never moves), and so do their
+# timeseries.parquet columns (TIMESERIES_COLUMNS); a results directory written before a counter
+# existed has no column for it, which readers take as absent, not as 0.
 TOKEN_COUNTERS = ("prompt_tokens", "output_tokens", "output_tokens_usage")
-COUNTERS = ("sent", "completed", "dropped", "late", "cancelled", *ERROR_KINDS, *TOKEN_COUNTERS)
+GOODPUT_COUNTERS = ("good", "good_output_tokens")
+_FIRST_COUNTERS = ("sent", "completed", "dropped", "late", "cancelled", *ERROR_KINDS, *TOKEN_COUNTERS)
+COUNTERS = (*_FIRST_COUNTERS, *GOODPUT_COUNTERS)
 SENT, COMPLETED, DROPPED, LATE, CANCELLED = range(5)
 ERROR_INDEX = {kind: 5 + i for i, kind in enumerate(ERROR_KINDS)}
 PROMPT_TOKENS, OUTPUT_TOKENS, OUTPUT_TOKENS_USAGE = (COUNTERS.index(c) for c in TOKEN_COUNTERS)
+GOOD, GOOD_OUTPUT_TOKENS = (COUNTERS.index(c) for c in GOODPUT_COUNTERS)
+
+# -- summary.json's goodput -------------------------------------------------------------------------
+# `goodput`: {} when the scenario set no goodput objectives; else one entry per class that has
+# objectives, and "all" (those classes together), each with GOODPUT_STATS (outside warm-up):
+# good (requests that succeeded and met every objective), total (sent + dropped), fraction (good /
+# total, null when total is 0), rps (good / measured window s), output_tokens_per_s (the good
+# requests' output tokens / window); a class's entry also has `objectives` ({"ttft_ms": ..., ...},
+# only those set). SLOs read fraction and rps (`metric: goodput`).
+GOODPUT_STATS = ("good", "total", "fraction", "rps", "output_tokens_per_s")
 
 # -- statistics and tables ------------------------------------------------------------------------
 
@@ -49,8 +66,9 @@ ALL = "all"  # the class of every request together (the lossless merge of the pe
 # The statistics of one histogram (recorder.summarize), as summary.json's per metric × class keys and
 # timeseries.parquet's columns; ms, rounded to µs.
 ROW_STATS = ("count", "min_ms", "mean_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "p99.9_ms", "max_ms")
-TIMESERIES_COLUMNS = ("interval_start_s", "interval_s", "phase", "metric", "class", *ROW_STATS, "scheduled", *COUNTERS,
-                      "errors", "in_flight")
+# Columns are added at the end, so the columns of a file written by older code are a prefix of these.
+TIMESERIES_COLUMNS = ("interval_start_s", "interval_s", "phase", "metric", "class", *ROW_STATS, "scheduled",
+                      *_FIRST_COUNTERS, "errors", "in_flight", *GOODPUT_COUNTERS)
 TELEMETRY_COLUMNS = ("t_s", "source", "device", "metric", "value")
 SCHEDULE_COLUMNS = ("intended_s", "phase", "class", "prompt_tokens", "output_tokens")
 
@@ -192,3 +210,11 @@ EVENT_TYPES: dict[str, Event] = {
                    "the run is being stopped early (signal, target gone, worker failed); summary.json is partial"),
     "run_end": Event(("partial", "validity"), "run/summary.py", "the results are written; the last event"),
 }
+
+# -- a capacity search's directory (`latscope capacity`) ---------------------------------------------
+# DIR/capacity.json (its own schema_version), DIR/capacity.html, and DIR/steps/NNN-<rate>/: one
+# ordinary results directory per step.
+CAPACITY = "capacity.json"
+CAPACITY_PAGE = "capacity.html"
+CAPACITY_SCHEMA_VERSION = 1
+STEPS_DIR = "steps"

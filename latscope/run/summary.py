@@ -27,9 +27,9 @@ from latscope.analysis.run_data import load_run
 from latscope.analysis.verdicts import slo_verdicts, validity
 from latscope.plan import Plan
 from latscope.recorder import summarize
-from latscope.results.schema import (CANCELLED, COMPLETED, COUNTERS, DROPPED, ERROR_INDEX, ERROR_KINDS, LATE,
-                                     OUTPUT_TOKENS, OUTPUT_TOKENS_USAGE, PROMPT_TOKENS, SENT, TIMESERIES_COLUMNS,
-                                     summary_order)
+from latscope.results.schema import (ALL, CANCELLED, COMPLETED, COUNTERS, DROPPED, ERROR_INDEX, ERROR_KINDS, GOOD,
+                                     GOOD_OUTPUT_TOKENS, LATE, OUTPUT_TOKENS, OUTPUT_TOKENS_USAGE, PROMPT_TOKENS, SENT,
+                                     TIMESERIES_COLUMNS, summary_order)
 from latscope.run.collector import Collector
 from latscope.scenario import Scenario
 
@@ -98,6 +98,7 @@ def build_summary(facts: RunFacts) -> dict:
     measured = ~plan.warmup & (plan.offsets_s < facts.executed_s())
     offered = int(measured.sum())
     verdict, reasons = validity(metrics, requests, scenario.validity, scenario.limits.max_in_flight)
+    goodput = _goodput(facts, window)  # before the SLO verdicts, which may read it
     launched = facts.launched
     return {
         "schema_version": results.SCHEMA_VERSION,
@@ -120,7 +121,8 @@ def build_summary(facts: RunFacts) -> dict:
         "tokens": _tokens(facts, window),
         "errors": errors,
         "error_examples": facts.error_examples,
-        "slo": slo_verdicts(metrics, scenario.slos, requests, requests["completed"] / window if window else 0.0),
+        "goodput": goodput,
+        "slo": slo_verdicts(metrics, scenario.slos, requests, requests["completed"] / window if window else 0.0, goodput),
         "phases": [
             {"name": p.name, "start_s": p.start_s, "duration_s": p.duration_s, "warmup": p.warmup}
             for p in plan.phases
@@ -196,6 +198,32 @@ def _tokens(facts: RunFacts, window_s: float) -> dict:
         out[name] = {"prompt_tokens": int(prompt), "output_tokens": int(output),
                      "output_tokens_per_s": round(int(output) / window_s, 3) if window_s else 0.0,
                      "output_count_source": source}
+    return out
+
+
+def _goodput(facts: RunFacts, window_s: float) -> dict:
+    """summary.json's `goodput` (results.schema.GOODPUT_STATS), outside warm-up: per class with
+    objectives and "all" (those classes together); {} when no class has objectives. total = sent +
+    dropped, every measured request that went out or was dropped at the cap (not_sent, planned
+    after the run stopped, is not counted); only a completed request can be good."""
+    objectives = facts.scenario.goodput_objectives()
+    if not any(objectives):
+        return {}
+    counters = facts.collector.counters if facts.collector else {}
+    rows: dict[str, np.ndarray] = {}
+    for name, own in zip(facts.plan.class_names, objectives):
+        if own is not None:
+            rows[name] = sum((v for (n, w), v in counters.items() if n == name and not w), np.zeros(len(COUNTERS), np.int64))
+    rows[ALL] = sum(rows.values(), np.zeros(len(COUNTERS), np.int64))
+
+    def entry(row: np.ndarray) -> dict:
+        good, total, tokens = int(row[GOOD]), int(row[SENT] + row[DROPPED]), int(row[GOOD_OUTPUT_TOKENS])
+        return {"good": good, "total": total, "fraction": round(good / total, 6) if total else None,
+                "rps": round(good / window_s, 3) if window_s else 0.0,
+                "output_tokens_per_s": round(tokens / window_s, 3) if window_s else 0.0}
+
+    out = {name: {"objectives": own, **entry(rows[name])} for name, own in zip(facts.plan.class_names, objectives) if own}
+    out[ALL] = entry(rows[ALL])
     return out
 
 

@@ -9,7 +9,7 @@
 | target.py | `target:` (and `launch:`), and `Endpoint`, what one class resolves to |
 | phases.py | `phases:` and their arrival processes |
 | workload.py | `workload:`: classes, lengths, datasets, tensors |
-| settings.py | `limits:`, `slos:`, `output:`, `validity:` |
+| settings.py | `limits:`, `slos:`, `goodput:`, `output:`, `validity:` |
 | telemetry.py | `telemetry:` |
 | actions.py | `actions:` |
 | schema.py | `Scenario`, the root, and the checks across sections |
@@ -30,7 +30,7 @@ from latscope.scenario.phases import (ARRIVAL_TYPES, Arrival, BurstArrival, Cons
 from latscope.scenario.protocols import PROTOCOLS, KServeOptions, OpenAIOptions, Protocol, ProtocolSpec
 from latscope.scenario.redact import action_secrets, redacted_yaml, scenario_json_schema
 from latscope.scenario.schema import Scenario
-from latscope.scenario.settings import Limits, Output, Slo, Validity
+from latscope.scenario.settings import Goodput, Limits, Output, Slo, Validity
 from latscope.scenario.target import Endpoint, Launch, Target
 from latscope.scenario.telemetry import PrometheusMetric, PrometheusSource, Telemetry
 from latscope.scenario.workload import (LENGTH_DISTS, Dataset, EmpiricalLength, FixedLength, LengthDist,
@@ -40,7 +40,7 @@ from latscope.scenario.workload import (LENGTH_DISTS, Dataset, EmpiricalLength, 
 __all__ = [
     "ACTION_KINDS", "ARRIVAL_TYPES", "LENGTH_DISTS", "PROTOCOLS",
     "Action", "ActionWhen", "Arrival", "BurstArrival", "ConstantArrival", "Dataset", "Duration", "EmpiricalLength",
-    "Endpoint", "FixedLength", "HttpCall", "IdleArrival", "KServeOptions", "Launch", "LengthDist", "Limits",
+    "Endpoint", "FixedLength", "Goodput", "HttpCall", "IdleArrival", "KServeOptions", "Launch", "LengthDist", "Limits",
     "LognormalLength", "MmppArrival", "NormalLength", "OpenAIOptions", "Output", "Phase", "PoissonArrival",
     "PositiveDuration", "PrometheusMetric", "PrometheusSource", "Protocol", "ProtocolSpec", "RampArrival", "Scenario",
     "Slo", "Spacing", "SpikeArrival", "StepsArrival", "Target", "Telemetry", "TensorSpec", "TraceArrival",

@@ -13,6 +13,9 @@
       checks:
         - {metric: latency, class: all, stat: p50}
         - {metric: latency, class: all, stat: p99, tolerance: 0.15}
+    min_capacity_rps: 350       # a capacity directory (`latscope capacity`): its bracket's upper end
+                                # must reach 350 req/s; with a baseline capacity directory, a bracket
+                                # wholly below the baseline's is a regression
 """
 
 from __future__ import annotations
@@ -69,6 +72,9 @@ class RegressionPolicy(_Model):
 class GateFile(_Model):
     slos: list[Slo] | None = None
     regression: RegressionPolicy = RegressionPolicy()
+    # For a capacity directory (`latscope capacity`): fail when the capacity found — the upper end of
+    # its bracket, the lowest rate that failed — is below this many req/s.
+    min_capacity_rps: float | None = Field(None, gt=0)
 
 
 def load_gate_file(path: str | Path | None) -> GateFile:

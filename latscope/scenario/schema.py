@@ -12,7 +12,7 @@ from latscope.scenario.actions import Action, check_actions
 from latscope.scenario.base import NAME_RE, DataPath, Model, ProblemAt, check_unique
 from latscope.scenario.phases import Phase
 from latscope.scenario.protocols import PROTOCOLS, ProtocolSpec
-from latscope.scenario.settings import Limits, Output, Slo, Validity
+from latscope.scenario.settings import GOODPUT, GOODPUT_OBJECTIVES, Goodput, Limits, Output, Slo, Validity
 from latscope.scenario.target import Endpoint, Target
 from latscope.scenario.telemetry import Telemetry
 from latscope.scenario.workload import Workload
@@ -29,6 +29,7 @@ class Scenario(Model):
     workload: Workload = Workload()
     limits: Limits = Limits()
     slos: list[Slo] = []
+    goodput: Goodput | None = None  # per-request objectives; None: no goodput is counted
     output: Output = Output()
     validity: Validity = Validity()
     telemetry: Telemetry = Telemetry()
@@ -86,6 +87,32 @@ class Scenario(Model):
                 if slo.class_ not in known:
                     raise ValueError(f"slos[{i}].class {slo.class_!r} is not a workload class (known: {', '.join(known)})")
         return slos
+
+    @model_validator(mode="after")
+    def _goodput_slos_have_objectives(self) -> Scenario:
+        # A goodput SLO over requests that nothing judges would be "no data", a failure, in every run.
+        objectives = dict(zip((c.name for c in self.workload.effective_classes()), self.goodput_objectives()))
+        for i, slo in enumerate(self.slos):
+            if slo.metric != GOODPUT:
+                continue
+            if not any(objectives.values()):
+                raise ProblemAt(("slos", i), "a goodput SLO needs goodput objectives: add a `goodput:` section "
+                                             "(ttft_ms, tpot_ms, itl_ms, latency_ms) or one to a workload class")
+            if slo.class_ != "all" and objectives.get(slo.class_) is None:
+                raise ProblemAt(("slos", i, "class"), f"class {slo.class_!r} has no goodput objectives (give the scenario "
+                                                      "or the class a `goodput:` section)")
+        return self
+
+    def goodput_objectives(self) -> list[dict[str, float] | None]:
+        """The goodput objectives of each workload class, by class index: the class's own `goodput`
+        over the scenario's, field by field ({"ttft_ms": 500.0, ...}, in GOODPUT_OBJECTIVES' order);
+        None for a class with none."""
+        top = self.goodput.objectives() if self.goodput is not None else {}
+        out: list[dict[str, float] | None] = []
+        for cls in self.workload.effective_classes():
+            merged = {**top, **(cls.goodput.objectives() if cls.goodput is not None else {})}
+            out.append({k: merged[k] for k in GOODPUT_OBJECTIVES if k in merged} or None)
+        return out
 
     @model_validator(mode="after")
     def _classes_fit_their_protocol(self) -> Scenario:

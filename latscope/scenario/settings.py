@@ -1,6 +1,7 @@
 """The sections that say how a run is carried out and judged: `limits:` (the generator's caps and
-timer), `slos:` (pass/fail objectives), `output:` (where results go) and `validity:` (how late the
-generator may be before a run is stamped degraded or invalid)."""
+timer), `slos:` (pass/fail objectives), `goodput:` (per-request objectives: how many requests were
+good enough), `output:` (where results go) and `validity:` (how late the generator may be before a
+run is stamped degraded or invalid)."""
 
 from __future__ import annotations
 
@@ -24,31 +25,67 @@ class Limits(Model):
 
 
 SLO_RUN_STATS = ("error_rate", "throughput")  # of the whole run, not of a metric
+SLO_GOODPUT_STATS = ("fraction", "rps")  # of summary.json's goodput (metric: goodput)
+SLO_TIME_STATS = ("p50", "p90", "p95", "p99", "p99.9", "max", "mean")  # of a metric's histogram, in ms
+GOODPUT = "goodput"  # the SLO metric of the goodput statistics
 
 
 class Slo(Model):
     """A pass/fail objective on one statistic of one metric and class, e.g. latency p99 <= 100 ms.
 
     Time statistics take `limit_ms`; `error_rate` (errors / answered requests, 0..1) and
-    `throughput` (achieved req/s) take `limit`. `direction: max` means the value must stay at or
-    under the limit, `min` at or over it; the default is `min` for throughput, `max` otherwise."""
+    `throughput` (achieved req/s) take `limit`, as do the goodput statistics (`metric: goodput`):
+    `fraction` (good / measured requests, 0..1) and `rps` (good requests per second). `direction:
+    max` means the value must stay at or under the limit, `min` at or over it; the default is `min`
+    for throughput and goodput, `max` otherwise.
 
-    model_config = ConfigDict(populate_by_name=True)
+    `min: X` is short for the limit X with `direction: min`, `max: X` for `direction: max`, in the
+    statistic's own unit (ms for a time statistic): `{metric: goodput, stat: fraction, min: 0.99}`."""
+
+    model_config = ConfigDict(populate_by_name=True, json_schema_extra=lambda schema: schema["properties"].update(
+        {bound: {"type": "number", "minimum": 0, "description": f"short for limit (limit_ms) with direction: {bound}"}
+         for bound in ("min", "max")}))
 
     metric: str = "latency"
     class_: str = Field("all", alias="class")  # "class" is a Python keyword
-    stat: Literal["p50", "p90", "p95", "p99", "p99.9", "max", "mean", "error_rate", "throughput"]
+    stat: Literal["p50", "p90", "p95", "p99", "p99.9", "max", "mean", "error_rate", "throughput", "fraction", "rps"]
     limit_ms: float | None = Field(None, gt=0)
     limit: float | None = Field(None, ge=0)
     direction: Literal["max", "min"] | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _min_max_shorthand(cls, data: Any) -> Any:
+        # `min: X` / `max: X` become the limit and the direction, before the fields are checked.
+        if not isinstance(data, dict) or not {"min", "max"} & data.keys():
+            return data
+        if "min" in data and "max" in data:
+            raise ValueError("give `min:` or `max:`, not both (an SLO has one limit)")
+        bound = "min" if "min" in data else "max"
+        clash = [k for k in ("limit", "limit_ms", "direction") if k in data]
+        if clash:
+            raise ValueError(f"`{bound}: X` is short for the limit X with direction {bound}: give it without "
+                             f"{' or '.join(clash)}")
+        data = dict(data)
+        data["limit_ms" if data.get("stat") in SLO_TIME_STATS else "limit"] = data.pop(bound)
+        data["direction"] = bound
+        return data
+
     @model_validator(mode="after")
     def _limit_fits_stat(self) -> Slo:
-        if self.stat in SLO_RUN_STATS:
+        if self.stat in SLO_GOODPUT_STATS and self.metric != GOODPUT:
+            raise ValueError(f"stat {self.stat} is a goodput statistic: write metric: goodput")
+        if self.metric == GOODPUT and self.stat not in SLO_GOODPUT_STATS:
+            raise ValueError(f"metric goodput takes stat fraction (good / measured requests) or rps (good req/s), "
+                             f"not {self.stat}")
+        if self.stat in SLO_RUN_STATS or self.stat in SLO_GOODPUT_STATS:
             if self.limit is None or self.limit_ms is not None:
-                raise ValueError(f"stat {self.stat} takes `limit` ({'a fraction 0..1' if self.stat == 'error_rate' else 'req/s'}), not limit_ms")
+                unit = {"error_rate": "a fraction 0..1", "fraction": "a fraction 0..1"}.get(self.stat, "req/s")
+                raise ValueError(f"stat {self.stat} takes `limit` ({unit}), not limit_ms")
             if self.stat == "error_rate" and self.limit > 1:
                 raise ValueError("an error_rate limit is a fraction between 0 and 1")
+            if self.stat == "fraction" and self.limit > 1:
+                raise ValueError("a goodput fraction limit is a fraction between 0 and 1 (0.99: 99 % of requests good)")
         elif self.limit_ms is None or self.limit is not None:
             raise ValueError(f"stat {self.stat} takes `limit_ms`")
         return self
@@ -61,12 +98,52 @@ class Slo(Model):
     @property
     def bound(self) -> Literal["max", "min"]:
         """`max`: the value must stay at or under the limit; `min`: at or over it."""
-        return self.direction or ("min" if self.stat == "throughput" else "max")
+        return self.direction or ("min" if self.stat in ("throughput", *SLO_GOODPUT_STATS) else "max")
 
     @property
     def threshold(self) -> float:
         """The limit in the statistic's own unit (ms, fraction, req/s)."""
-        return self.limit if self.stat in SLO_RUN_STATS else self.limit_ms  # type: ignore[return-value]
+        return self.limit_ms if self.stat in SLO_TIME_STATS else self.limit  # type: ignore[return-value]
+
+
+class Goodput(Model):
+    """Per-request objectives, DistServe's goodput (as vLLM's benchmark, aiperf and guidellm report
+    it): a request is *good* when it succeeded and met every objective given here; goodput is how
+    many were (fraction, req/s, their output tokens/s). Each objective is in ms and, like every
+    latscope time, runs from the plan's intended send time (the timing rules):
+
+        latency = end − intended
+        ttft    = first token chunk − intended   (no token chunks: the whole answer is its first
+                                                  token, so ttft = latency)
+        tpot    = (end − first token) / (tokens − 1)   (met by a request of ≤ 1 token)
+        itl     = the request's LONGEST gap between two token chunks (met by < 2 chunks)
+
+    `itl` here is the worst gap of one request, not the mean (tpot is the mean): a stream that
+    stalls once misses it however fast the rest came. A workload class may carry its own `goodput:`,
+    which overrides these field by field for that class. At least one objective must be given."""
+
+    ttft_ms: float | None = Field(None, gt=0)
+    tpot_ms: float | None = Field(None, gt=0)
+    itl_ms: float | None = Field(None, gt=0)
+    latency_ms: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _some_objective(self) -> Goodput:
+        if not self.objectives():
+            raise ValueError("give at least one objective: ttft_ms, tpot_ms, itl_ms or latency_ms")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _without_unset(self, handler: Any) -> dict:
+        # scenario.yaml shows the objectives as written, without nulls.
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+    def objectives(self) -> dict[str, float]:
+        """The objectives that are set, {"ttft_ms": 500.0, ...} in field order."""
+        return {name: value for name in GOODPUT_OBJECTIVES if (value := getattr(self, name)) is not None}
+
+
+GOODPUT_OBJECTIVES = ("ttft_ms", "tpot_ms", "itl_ms", "latency_ms")
 
 
 class Output(Model):

@@ -10,6 +10,7 @@ from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, mo
 
 from latscope.scenario.base import NAME_RE, SECRET_BY_NAME, Model, check_method, check_path, check_unique
 from latscope.scenario.protocols import KServeOptions, OpenAIOptions, Protocol, check_url
+from latscope.scenario.settings import Goodput
 
 
 class FixedLength(Model):
@@ -111,7 +112,8 @@ class WorkloadClass(Model):
     Unset endpoint fields fall back to the target's (protocol, url, method, path, model, openai,
     kserve) or the workload's (body); headers add to the target's. What a request carries depends on
     the protocol: `body` (http); `prompt_tokens`/`output_tokens` or a `dataset` (openai); `tensors`
-    (kserve-v2, kserve-v2-grpc).
+    (kserve-v2, kserve-v2-grpc). `goodput` overrides the scenario's goodput objectives field by field
+    for this class (Scenario.goodput_objectives).
     """
 
     name: str
@@ -129,6 +131,7 @@ class WorkloadClass(Model):
     output_tokens: Length | None = None
     dataset: Dataset | None = None
     tensors: list[TensorSpec] = []
+    goodput: Goodput | None = None
 
     @field_validator("name")
     @classmethod

@@ -24,7 +24,8 @@ from latscope.recorder import counts_from_values, from_sparse, merge, summarize
 
 
 def write_run(path: Path, seed: int, scale: float = 1.0, n: int = 20_000, k: int = 20, validity: str = "valid",
-              slos: list | None = None, errors: int = 0, warmup_scale: float | None = None) -> Path:
+              slos: list | None = None, errors: int = 0, warmup_scale: float | None = None,
+              goodput: dict | None = None) -> Path:
     """A results directory with `k` 1-s intervals of n/k lognormal latencies (median 20 ms) × scale.
     With warmup_scale, two extra warm-up intervals first (phase `warmup`) at that scale."""
     rng = np.random.default_rng(seed)
@@ -57,6 +58,8 @@ def write_run(path: Path, seed: int, scale: float = 1.0, n: int = 20_000, k: int
         "throughput": {"offered_rps": n / k, "achieved_rps": (n - errors) / k},
         "metrics": {"latency": {"all": latency}}, "phases": phases,
     }
+    if goodput is not None:
+        summary["goodput"] = goodput
     (path / results.SUMMARY).write_text(json.dumps(summary))
     (path / results.SCENARIO).write_text(yaml.safe_dump({"name": "synthetic", "slos": slos or []}))
     return path
@@ -188,3 +191,21 @@ def test_baseline_save_is_small_and_gates_the_same(runs, tmp_path):
     assert cli("gate", str(runs["same"]), "--baseline", str(tmp_path / "bl")).exit_code == 0
     cli("baseline", "save", str(runs["base"]), str(tmp_path / "none"), "--metric", "ttft")
     assert "Tag=latency" not in (tmp_path / "none" / "histograms.hlog").read_text()
+
+
+def test_goodput_slos_from_the_scenario_and_from_a_gate_file(tmp_path):
+    goodput = {"all": {"good": 19_740, "total": 20_000, "fraction": 0.987, "rps": 987.0, "output_tokens_per_s": 0.0}}
+    slos = [{"metric": "goodput", "class": "all", "stat": "fraction", "limit": 0.95, "direction": "min"}]
+    run = write_run(tmp_path / "run", 8, slos=slos, goodput=goodput)
+    res = cli("gate", str(run))
+    assert res.exit_code == 0, res.output
+    assert "goodput/all fraction 98.7% meets the SLO (≥ 95.0%)" in res.output
+    f = gate_file(tmp_path, "slos:\n  - {metric: goodput, class: all, stat: fraction, min: 0.99}\n"
+                            "  - {metric: goodput, stat: rps, min: 900}\n")
+    res = cli("gate", str(run), "--slo", str(f))
+    assert res.exit_code == 1, res.output
+    assert "goodput/all fraction 98.7% breaches the SLO (≥ 99.0%)" in res.output
+    assert "goodput/all rps 987.0 req/s meets the SLO (≥ 900.0 req/s)" in res.output
+    # A run without goodput (no objectives, or written before goodput existed) cannot meet a goodput SLO.
+    res = cli("gate", str(write_run(tmp_path / "none", 9)), "--slo", str(f))
+    assert res.exit_code == 1 and "goodput/all fraction: no data (SLO ≥ 99.0%)" in res.output

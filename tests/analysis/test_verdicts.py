@@ -74,3 +74,25 @@ def test_slo_limit_must_fit_its_statistic():
     with pytest.raises(ValidationError, match="fraction between 0 and 1"):
         Slo(stat="error_rate", limit=5)
     assert Slo(stat="p99", limit_ms=5).model_dump(by_alias=True) == {"metric": "latency", "class": "all", "stat": "p99", "limit_ms": 5.0}
+
+
+def test_goodput_slos_read_the_summarys_goodput():
+    goodput = {"chat": {"objectives": {"ttft_ms": 500.0}, "good": 987, "total": 1000, "fraction": 0.987, "rps": 98.7,
+                        "output_tokens_per_s": 1234.0},
+               "all": {"good": 987, "total": 1000, "fraction": 0.987, "rps": 98.7, "output_tokens_per_s": 1234.0}}
+    slos = [Slo.model_validate(s) for s in (
+        {"metric": "goodput", "stat": "fraction", "min": 0.99},             # 98.7 % < 99 %: missed
+        {"metric": "goodput", "class": "chat", "stat": "fraction", "limit": 0.98},  # min by default: met
+        {"metric": "goodput", "stat": "rps", "min": 90},
+        {"metric": "goodput", "stat": "rps", "max": 90},
+        {"metric": "goodput", "class": "batch", "stat": "rps", "min": 1},   # a class without objectives: no data
+    )]
+    v = slo_verdicts(metrics(0.1), slos, {"completed": 1000, "errors": 0}, 100.0, goodput)
+    assert [x["passed"] for x in v] == [False, True, True, False, False]
+    assert v[0] == {"metric": "goodput", "class": "all", "stat": "fraction", "limit": 0.99, "value": 0.987,
+                    "passed": False, "direction": "min"}
+    assert v[3]["value"] == 98.7 and "direction" not in v[3]
+    assert v[4]["value"] is None and v[4]["reason"].startswith("no goodput for this class")
+    # A summary without goodput (a run written before it existed, or without objectives): no data, a failure.
+    assert [x["passed"] for x in slo_verdicts(metrics(0.1), slos[:1], {}, 1.0)] == [False]
+    assert slo_verdicts(metrics(0.1), slos[:1], {}, 1.0, {})[0]["value"] is None

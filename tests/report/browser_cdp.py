@@ -3,7 +3,7 @@ enough to open a page, collect its JavaScript errors, evaluate expressions and t
 
     with Browser(tmp_path) as browser:
         page = browser.open(url, wait_for="document.body.getAttribute('data-plots') === 'done'")
-        page.errors            # uncaught exceptions and console errors, as text
+        page.errors            # uncaught exceptions, console errors and dialogs (alert, confirm...), as text
         page.evaluate("1 + 1")
         page.screenshot(path)  # the full page as PNG
 """
@@ -40,6 +40,7 @@ class Page:
     ws: aiohttp.ClientWebSocketResponse
     errors: list[str] = field(default_factory=list)
     console: list[str] = field(default_factory=list)
+    dialogs: list[str] = field(default_factory=list)  # alert/confirm/prompt messages, each dismissed at once
     _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
     _events: list[dict] = field(default_factory=list)
 
@@ -66,6 +67,13 @@ class Page:
             self.console.append(f"{params.get('type')}: {text}")
             if params.get("type") in ("error", "assert"):
                 self.errors.append(f"console.{params.get('type')}: {text}")
+        elif method == "Page.javascriptDialogOpening":
+            # A dialog blocks the page (and every evaluate) until answered: dismiss it and say so, so an
+            # injected alert(1) fails a test with its message instead of a load timeout.
+            self.dialogs.append(f"{params.get('type')}: {params.get('message')}")
+            self.errors.append(f"dialog {self.dialogs[-1]}")
+            asyncio.ensure_future(self.ws.send_json({"id": next(self._ids), "method": "Page.handleJavaScriptDialog",
+                                                     "params": {"accept": False}}))
         elif method == "Log.entryAdded":
             entry = params.get("entry", {})
             if entry.get("level") == "error":

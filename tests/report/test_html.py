@@ -42,6 +42,7 @@ def run_dir(tmp_path_factory) -> Path:
             "phases": [{"name": "w", "duration": 0.5, "warmup": True, "arrival": {"type": "constant", "rate": 20}},
                        {"name": "main", "duration": 1.5, "arrival": {"type": "constant", "rate": 40}}],
             "slos": [{"metric": "latency", "class": "all", "stat": "p99", "limit_ms": 1000}],
+            "goodput": {"latency_ms": 1000},
             "output": {"dir": str(tmp)},
         })
         return run_scenario(scenario, workers=1).run_dir
@@ -60,6 +61,42 @@ def test_run_writes_report_and_summary_md(run_dir):
     assert "No GPU telemetry in this run." in html and 'id="plot-gpu"' not in html
     markdown = (run_dir / "summary.md").read_text()
     assert "1 of 1 SLOs met" in markdown and "| latency | all |" in markdown and "Full report: `report.html`" in markdown
+
+
+def test_report_and_summary_md_show_goodput(run_dir):
+    summary = json.loads((run_dir / "summary.json").read_text())
+    g = summary["goodput"]["all"]
+    assert g["good"] == g["total"] == summary["requests"]["sent"] == 60  # 2 ms answers, 1 s objective
+    html = (run_dir / "report.html").read_text()
+    section = html[html.index('<section id="goodput">'):]
+    section = section[:section.index("</section>")]
+    assert "<td>a</td><td>latency ≤ 1,000 ms</td>" in section and "<td class=n>60 / 60</td><td class=n>100.0%</td>" in section
+    assert f"<td class=n>{g['rps']:,.1f}</td>" in section
+    assert html.index('id="slos"') < html.index('id="goodput"') < html.index('id="percentiles"')
+    markdown = (run_dir / "summary.md").read_text()
+    assert f"Goodput: 100.0% of requests met every objective (60 of 60), {g['rps']:,.1f} req/s." in markdown
+    assert "| all | each class its own | 60 / 60 | 100.0% |" in markdown
+
+
+def test_goodput_and_slo_tables_escape_and_word_their_units():
+    evil = "<script>alert(1)</script>"
+    summary = {"goodput": {evil: {"objectives": {"ttft_ms": 500.0, evil: 3}, "good": 987, "total": 1000, "fraction": 0.987,
+                                  "rps": 98.7, "output_tokens_per_s": 1234.5},
+                           "all": {"good": 987, "total": 1000, "fraction": 0.987, "rps": 98.7, "output_tokens_per_s": 1234.5}},
+               "slo": [{"metric": "goodput", "class": evil, "stat": "fraction", "limit": 0.99, "value": 0.987, "passed": False,
+                        "direction": "min"},
+                       {"metric": "latency", "class": "all", "stat": "p99_ms", "limit": 100, "value": 41.23, "passed": True}]}
+    table = report_html.goodput_table(summary)
+    assert "<script" not in table and "&lt;script&gt;alert(1)&lt;/script&gt;" in table
+    assert "TTFT ≤ 500 ms, &lt;script&gt;" in table and "<td class=n>987 / 1,000</td><td class=n>98.7%</td>" in table
+    assert "<td class=n>98.7</td><td class=n>1,234.5</td>" in table
+    assert "98.7% of requests met every objective (987 of 1,000), 98.7 req/s, 1,234 output tokens/s" in table
+    slos = report_html.slo_table(summary)
+    assert "<script" not in slos and "<td class=n>98.7%</td><td class=n>≥ 99.0%</td>" in slos
+    assert "<td class=n>41.2 ms</td><td class=n>≤ 100 ms</td>" in slos
+    text = summary_markdown({**summary, "scenario": "s", "metrics": {}, "errors": {}, "validity": "valid"})
+    assert "<script" not in text and "| ❌ missed | goodput | &lt;script>alert(1)&lt;/script> | fraction | 98.7% | ≥ 99.0% |" in text
+    assert report_html.goodput_table({"goodput": {}}) == report_html.goodput_table({}) == ""
 
 
 def test_headline_sentence():

@@ -45,7 +45,8 @@ def test_the_fixtures_events_and_files_use_the_catalogue():
         event = json.loads(line)
         assert set(event) - {"event", "t_s", "wall"} <= set(schema.EVENT_TYPES[event["event"]].fields)
     timeseries = pq.read_schema(FIXTURE / schema.TIMESERIES)
-    assert timeseries.names == list(schema.TIMESERIES_COLUMNS)
+    # Columns are only ever added, at the end: the fixture predates the goodput counters.
+    assert timeseries.names + list(schema.GOODPUT_COUNTERS) == list(schema.TIMESERIES_COLUMNS)
     assert pq.read_schema(FIXTURE / schema.TELEMETRY).names == list(schema.TELEMETRY_COLUMNS)
     assert pq.read_schema(FIXTURE / schema.SCHEDULE).names == list(schema.SCHEDULE_COLUMNS)
     summary = json.loads((FIXTURE / schema.SUMMARY).read_text())
@@ -67,3 +68,5 @@ def test_counter_indices_name_their_counters():
     assert all(schema.COUNTERS[i] == kind for kind, i in schema.ERROR_INDEX.items())
     assert [schema.COUNTERS[i] for i in (schema.PROMPT_TOKENS, schema.OUTPUT_TOKENS, schema.OUTPUT_TOKENS_USAGE)] == list(
         schema.TOKEN_COUNTERS)
+    assert [schema.COUNTERS[i] for i in (schema.GOOD, schema.GOOD_OUTPUT_TOKENS)] == list(schema.GOODPUT_COUNTERS)
+    assert schema.COUNTERS[-2:] == schema.GOODPUT_COUNTERS == schema.TIMESERIES_COLUMNS[-2:]  # added last: no index moved

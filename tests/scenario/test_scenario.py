@@ -532,3 +532,76 @@ def test_api_key_is_redacted_unless_it_came_from_the_environment(tmp_path, monke
     assert scenario.target.api_key == "sk-from-env"
     dumped = redacted_yaml(scenario)
     assert "sk-from-env" not in dumped and "${OPENAI_API_KEY}" in dumped
+
+
+# -- goodput --------------------------------------------------------------------------------------
+
+GOODPUT = MINIMAL + """\
+workload:
+  classes:
+    - {name: chat, goodput: {itl_ms: 50, latency_ms: 2000}}
+    - {name: batch}
+"""
+
+
+def test_goodput_objectives_per_class_override_the_scenarios_field_by_field(tmp_path):
+    s = load_scenario(write(tmp_path, GOODPUT + "goodput: {ttft_ms: 500, itl_ms: 80}\n"
+                                    "slos:\n  - {metric: goodput, class: chat, stat: fraction, min: 0.99}\n"))
+    assert s.goodput_objectives() == [{"ttft_ms": 500.0, "itl_ms": 50.0, "latency_ms": 2000.0}, {"ttft_ms": 500.0, "itl_ms": 80.0}]
+    slo = s.slos[0]
+    assert (slo.metric, slo.stat, slo.threshold, slo.bound) == ("goodput", "fraction", 0.99, "min")
+    # The resolved scenario.yaml: objectives as written (no nulls), the shorthand as limit + direction, reloadable.
+    dumped = yaml.safe_load(redacted_yaml(s))
+    assert dumped["goodput"] == {"ttft_ms": 500.0, "itl_ms": 80.0}
+    assert dumped["workload"]["classes"][1].get("goodput") is None
+    assert dumped["slos"] == [{"metric": "goodput", "class": "chat", "stat": "fraction", "limit": 0.99, "direction": "min"}]
+    assert scenario_from_dict(dumped).goodput_objectives() == s.goodput_objectives()
+    # Only a class's own objectives: the other class has none.
+    alone = load_scenario(write(tmp_path, GOODPUT, name="alone.yaml"))
+    assert alone.goodput_objectives() == [{"itl_ms": 50.0, "latency_ms": 2000.0}, None]
+    assert scenario_from_dict(yaml.safe_load(MINIMAL)).goodput is None
+    assert scenario_from_dict(yaml.safe_load(MINIMAL)).goodput_objectives() == [None]
+
+
+@pytest.mark.parametrize("extra, expected", [
+    ("slos:\n  - {metric: goodput, stat: fraction, min: 0.99}\n",
+     r"s.yaml:9: slos\[0\]: a goodput SLO needs goodput objectives: add a `goodput:` section"),
+    ("goodput: {}\n", r"s.yaml:8: goodput: .*give at least one objective: ttft_ms, tpot_ms, itl_ms or latency_ms"),
+    ("goodput: {ttft_ms: 0}\n", r"s.yaml:8: goodput.ttft_ms: Input should be greater than 0"),
+    ("goodput: {ttft: 5}\n", r"s.yaml:8: goodput.ttft: unknown field"),
+    ("goodput: {ttft_ms: 5}\nslos:\n  - {metric: goodput, stat: fraction, min: 0.99, limit: 0.9}\n",
+     r"s.yaml:10: slos\[0\]: .*`min: X` is short for the limit X with direction min: give it without limit"),
+    ("goodput: {ttft_ms: 5}\nslos:\n  - {metric: goodput, stat: rps, min: 1, max: 2}\n",
+     r"slos\[0\]: .*give `min:` or `max:`, not both"),
+    ("goodput: {ttft_ms: 5}\nslos:\n  - {metric: goodput, stat: rps, max: 2, direction: min}\n",
+     r"slos\[0\]: .*`max: X` is short for the limit X with direction max: give it without direction"),
+    ("goodput: {ttft_ms: 5}\nslos:\n  - {stat: fraction, min: 0.9}\n",
+     r"slos\[0\]: .*stat fraction is a goodput statistic: write metric: goodput"),
+    ("goodput: {ttft_ms: 5}\nslos:\n  - {metric: goodput, stat: p99, limit_ms: 5}\n",
+     r"slos\[0\]: .*metric goodput takes stat fraction .* or rps .*, not p99"),
+    ("goodput: {ttft_ms: 5}\nslos:\n  - {metric: goodput, stat: fraction, limit: 99}\n",
+     r"slos\[0\]: .*a goodput fraction limit is a fraction between 0 and 1"),
+    ("goodput: {ttft_ms: 5}\nslos:\n  - {metric: goodput, stat: rps, limit_ms: 5}\n",
+     r"slos\[0\]: .*stat rps takes `limit` \(req/s\), not limit_ms"),
+])
+def test_goodput_and_its_slos_are_checked_with_file_line_and_field(tmp_path, extra, expected):
+    path = write(tmp_path, MINIMAL + extra, name="s.yaml")
+    message = error_of(path)
+    assert re.search(expected, message), message
+
+
+def test_a_goodput_slo_on_a_class_without_objectives_names_its_class(tmp_path):
+    path = write(tmp_path, GOODPUT + "slos:\n  - {metric: goodput, class: batch, stat: rps, min: 5}\n", name="s.yaml")
+    assert re.search(r"s.yaml:13: slos\[0\].class: class 'batch' has no goodput objectives", error_of(path)), error_of(path)
+    bad_class = write(tmp_path, MINIMAL + "workload:\n  classes:\n    - {name: c, goodput: {}}\n", name="c.yaml")
+    assert re.search(r"c.yaml:10: workload.classes\[0\].goodput: .*give at least one objective", error_of(bad_class))
+
+
+def test_min_max_shorthand_for_any_statistic_and_the_json_schema():
+    assert Slo.model_validate({"stat": "p99", "max": 250}).model_dump(by_alias=True) == {
+        "metric": "latency", "class": "all", "stat": "p99", "limit_ms": 250.0, "direction": "max"}
+    assert Slo.model_validate({"stat": "throughput", "min": 40}).threshold == 40
+    assert Slo.model_validate({"metric": "goodput", "stat": "rps", "limit": 3}).bound == "min"  # goodput: min by default
+    schema = scenario_json_schema()
+    assert {"min", "max"} <= set(schema["$defs"]["Slo"]["properties"]) and "goodput" in schema["properties"]
+    assert set(schema["$defs"]["Goodput"]["properties"]) == {"ttft_ms", "tpot_ms", "itl_ms", "latency_ms"}

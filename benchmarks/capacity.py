@@ -1,0 +1,140 @@
+"""How fast and how close does `latscope capacity` find a capacity, against a uniform scan of rates?
+
+    python benchmarks/capacity.py                      # p99 ≤ 40 ms on an M/M/1 with μ = 500/s: ~8 min
+    python benchmarks/capacity.py --repeats 1 --step-duration 6
+
+The target is latscope.targets.queue (one FIFO server, exponential service of mean 1/μ) on
+127.0.0.1, whose capacity under a p99 limit L is known: λ* = μ − ln(100)/L (the M/M/1 time in system
+is exponential with rate μ − λ). Both methods judge every rate the same way (a `latscope capacity`
+step: warm-up, then `--step-duration` s of Poisson traffic; pass/fail when the p99's confidence
+interval clears the limit, run twice as long when undecided, and a fail when still undecided):
+
+* **search** — `latscope capacity --precision P`: from `--start` req/s double until a step fails, then
+  bisect until the bracket is within P of its lower end;
+* **uniform scan** — the approach vLLM's benchmark moved to: rates δ, 2δ, 3δ, … with δ = P·λ* (the
+  spacing that gives the same precision at the answer, which a real scan could only guess), stopping
+  at the first rate that fails (a full grid would cost more). Its answer is the last rate that passed.
+
+Per method: steps run, wall time, the capacity found and its distance from λ*. Results: a table on
+stdout, benchmarks/results/capacity-<UTC time>.json, and the "capacity" section of RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import REPO, fmt, machine_facts, machine_line, markdown_table, update_results_md, write_report_json  # noqa: E402
+
+from latscope.capacity import CapacityOptions, find_capacity  # noqa: E402
+from latscope.scenario import load_scenario  # noqa: E402
+
+TITLE = "## capacity (benchmarks/capacity.py)"
+
+
+def start_queue(service_ms: float) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "latscope.targets.queue", "--port", "0", "--service-ms", str(service_ms),
+                             "--seed", "1"], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if not line.startswith("ready http://"):
+        raise RuntimeError(f"the queue target did not start: {line!r}")
+    return proc, line.split()[1]
+
+
+def scenario_file(d: Path, url: str, limit_ms: float, rate: float, seed: int) -> Path:
+    data = {
+        "name": "mm1", "seed": seed,
+        "target": {"url": url, "method": "POST", "path": "/infer", "timeout": "10s"},
+        "phases": [{"name": "warm", "duration": "2s", "warmup": True, "arrival": {"type": "poisson", "rate": rate}},
+                   {"name": "measure", "duration": "8s", "arrival": {"type": "poisson", "rate": rate}}],
+        "slos": [{"metric": "latency", "stat": "p99", "limit_ms": limit_ms}],
+        "output": {"dir": str(d / "results"), "report": False, "save_schedule": False},
+        "telemetry": {"nvml": False, "host": False},
+        "validity": {"degraded_send_lag_p99_ms": 5, "degraded_loop_lag_p99_ms": 20},
+    }
+    path = d / f"mm1-{seed}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def search(file: Path, out: Path, args: argparse.Namespace) -> dict:
+    started = time.monotonic()
+    cap = find_capacity(load_scenario(file), out, CapacityOptions(precision=args.precision, min_rate=args.start,
+                                                                   step_duration_s=args.step_duration, workers=1,
+                                                                   max_steps=16))
+    return {"steps": len(cap["steps"]), "wall_s": time.monotonic() - started, "found_rps": cap["max_rate_rps"],
+            "stopped": cap["stopped"]}
+
+
+def scan(file: Path, out: Path, args: argparse.Namespace, spacing: float) -> dict:
+    started, steps, found, k = time.monotonic(), 0, None, 1
+    while k * spacing <= 2 * args.mu:
+        rate = k * spacing
+        cap = find_capacity(load_scenario(file), out / f"{k:03d}", CapacityOptions(
+            precision=args.precision, min_rate=rate, max_rate=rate, max_steps=2, step_duration_s=args.step_duration, workers=1))
+        steps += len(cap["steps"])
+        if cap["stopped"] != "max_rate":  # the rate failed (or could not be decided: a fail, as in the search)
+            break
+        found, k = rate, k + 1
+    return {"steps": steps, "wall_s": time.monotonic() - started, "found_rps": found, "stopped": "first fail"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--service-ms", type=float, default=2.0, help="mean service time of the M/M/1 target")
+    ap.add_argument("--limit-ms", type=float, default=40.0, help="the p99 SLO")
+    ap.add_argument("--precision", type=float, default=0.05)
+    ap.add_argument("--start", type=float, default=50.0, help="the search's first rate, req/s")
+    ap.add_argument("--step-duration", type=float, default=8.0, help="measured seconds per step")
+    ap.add_argument("--repeats", type=int, default=2, help="searches and scans, each with its own seed")
+    ap.add_argument("--no-record", action="store_true", help="print only; leave RESULTS.md alone")
+    args = ap.parse_args()
+    args.mu = 1000 / args.service_ms
+    truth = args.mu - math.log(100) / (args.limit_ms / 1000)
+    facts = machine_facts(("numpy", "aiohttp", "uvloop", "hdrhistogram"))
+    proc, url = start_queue(args.service_ms)
+    rows, runs = [], []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            d = Path(tmp)
+            for seed in range(1, args.repeats + 1):
+                file = scenario_file(d, url, args.limit_ms, args.start, seed)
+                for method, run in (("search (double, then bisect)", lambda: search(file, d / f"search-{seed}", args)),
+                                    ("uniform scan (δ = P·λ*)", lambda: scan(file, d / f"scan-{seed}", args, args.precision * truth))):
+                    r = {"method": method, "seed": seed, **run()}
+                    runs.append(r)
+                    error = None if r["found_rps"] is None else (r["found_rps"] - truth) / truth
+                    rows.append([method, str(seed), str(r["steps"]), f"{r['wall_s']:.0f} s", fmt(r["found_rps"], 1),
+                                 "–" if error is None else f"{error:+.1%}", r["stopped"]])
+                    print(" | ".join(rows[-1]), flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    table = markdown_table(["method", "seed", "steps", "wall time", "capacity found, req/s", "vs λ*", "stopped"], rows)
+    print(table)
+    report = {"machine": facts, "mu": args.mu, "limit_ms": args.limit_ms, "lambda_star": truth, "precision": args.precision,
+              "step_duration_s": args.step_duration, "start_rps": args.start, "runs": runs}
+    if args.no_record:
+        return
+    write_report_json(report, REPO / "benchmarks" / "results", "capacity")
+    update_results_md(
+        f"{TITLE}\n\nRun {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with `python benchmarks/capacity.py` on "
+        f"{machine_line(facts)}.\n\nTarget: `latscope.targets.queue`, an M/M/1 queue with μ = {args.mu:g}/s "
+        f"(mean service {args.service_ms:g} ms); SLO latency p99 ≤ {args.limit_ms:g} ms, so λ* = μ − ln(100)/L = "
+        f"**{truth:.1f} req/s**. Precision {args.precision:.0%}; every step {args.step_duration:g} s measured after 2 s of "
+        f"warm-up, judged by the p99's 95 % confidence interval (twice as long when undecided). The search starts at "
+        f"{args.start:g} req/s; the scan steps by δ = {args.precision:.0%} of λ* = {args.precision * truth:.1f} req/s from δ, "
+        f"stopping at its first fail.\n\n{table}\n\nRaw numbers: `{report['json_file']}`.\n",
+        TITLE)
+
+
+if __name__ == "__main__":
+    main()
