@@ -94,8 +94,16 @@ def scenario_dict(url: str, tmp_path: Path, phases: list[dict], **extra) -> dict
 @contextmanager
 def stream_target_process(ttft_ms: float, itl_ms: float, tokens: int) -> Iterator[str]:
     """`python -m latscope.targets.stream` as a real process on a free loopback port; yields its base URL."""
-    proc = subprocess.Popen([sys.executable, "-m", "latscope.targets.stream", "--port", "0", "--ttft-ms", str(ttft_ms),
-                             "--itl-ms", str(itl_ms), "--tokens", str(tokens)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    with target_process("stream", "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms), "--tokens", str(tokens)) as url:
+        yield url
+
+
+@contextmanager
+def target_process(name: str, *args: str) -> Iterator[str]:
+    """`python -m latscope.targets.NAME --port 0 ARGS` as a real process on a free loopback port, once
+    it printed its `ready http://...` line; yields its base URL."""
+    proc = subprocess.Popen([sys.executable, "-m", f"latscope.targets.{name}", "--port", "0", *args], cwd=REPO,
+                            stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
         assert line.startswith("ready http://"), line

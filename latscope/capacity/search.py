@@ -13,21 +13,14 @@ lower end: (high − low) / low ≤ precision, or when low has reached max_rate.
 steps in all; MLPerf LoadGen bisects its Server QPS the same way. The capacity found is `low`: a
 rate that passed; the truth is somewhere in [low, high).
 
-Stop reasons, and the `latscope capacity` exit code each one gives:
+Stop reasons (capacity.json's `stopped`, named in results/schema.py), and the `latscope capacity`
+exit code each one gives:
 """
 
 from __future__ import annotations
 
-STOPS = {
-    "precision": (0, "the bracket is within the precision asked"),
-    "max_rate": (0, "the SLOs hold at --max-rate: the capacity is at least that"),
-    "slo_fails_at_lowest_rate": (1, "the SLOs fail even at the lowest rate"),
-    "inconclusive": (4, "the data cannot tell whether the SLOs hold even at the lowest rate"),
-    "generator_limit": (4, "the load generator fell behind: the limit found is its own, not the target's"),
-    "max_steps": (4, "--max-steps ran out before the bracket was narrow enough"),
-    "interrupted": (4, "interrupted"),
-    "run_failed": (4, "a step's run failed"),
-}
+from latscope.results.schema import CAPACITY_STOPS as STOPS
+
 __doc__ += "".join(f"\n    {name:<26} exit {code}: {what}" for name, (code, what) in STOPS.items()) + "\n"
 
 

@@ -26,19 +26,8 @@ from latscope.report.capacity_figures import curve_keys, curve_panel, fmt_rate, 
 from latscope.report.escape import esc_html
 from latscope.report.html import fmt_ms, page, safe_panel
 from latscope.results import write_text
-from latscope.results.schema import CAPACITY, CAPACITY_PAGE
+from latscope.results.schema import CAPACITY, CAPACITY_PAGE, CAPACITY_STOPS
 
-# Why the search stopped, in words (capacity.json's `message` says the rest).
-STOPPED = {
-    "precision": "the bracket is as narrow as the precision asked",
-    "max_rate": "every rate up to the maximum rate met every SLO",
-    "slo_fails_at_lowest_rate": "an SLO fails at the lowest rate",
-    "inconclusive": "the data cannot tell whether the SLOs hold at the lowest rate",
-    "generator_limit": "the load generator could not offer a higher rate",
-    "max_steps": "the step budget ran out",
-    "interrupted": "interrupted",
-    "run_failed": "a step's run failed",
-}
 VERDICT_CLASS = {"pass": "good", "fail": "bad", "undecided": "unsure", "invalid": "bad", "partial": "unsure"}
 CSS = """
 .headline .sub{display:block;font-size:15px;font-weight:400;color:#444;margin-top:4px}
@@ -139,7 +128,7 @@ def header_html(capacity: dict) -> str:
         words = f" ({esc_html(_slo_words(slo))})" if slo else ""
         lines.append(f"<p class=\"facts\">Limited by <b>{esc_html(limiting)}</b>{words}: the SLO that failed at the lowest failing rate.</p>")
     stopped = str(capacity.get("stopped") or "")
-    why = STOPPED.get(stopped, stopped or "unknown")
+    why = CAPACITY_STOPS[stopped][1] if stopped in CAPACITY_STOPS else stopped or "unknown"
     message = esc_html(capacity.get("message") or "")
     if warn:
         lines.append(f"<p class=\"warning\"><b>Stopped: {esc_html(why)}.</b> {message} (exit code {esc_html(capacity.get('exit_code'))})</p>")

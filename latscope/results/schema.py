@@ -218,3 +218,15 @@ CAPACITY = "capacity.json"
 CAPACITY_PAGE = "capacity.html"
 CAPACITY_SCHEMA_VERSION = 1
 STEPS_DIR = "steps"
+
+# capacity.json's `stopped`: why the search ended -> (the exit code of `latscope capacity`, in words)
+CAPACITY_STOPS = {
+    "precision": (0, "the bracket is within the precision asked"),
+    "max_rate": (0, "the SLOs hold at --max-rate: the capacity is at least that"),
+    "slo_fails_at_lowest_rate": (1, "the SLOs fail even at the lowest rate"),
+    "inconclusive": (4, "the data cannot tell whether the SLOs hold even at the lowest rate"),
+    "generator_limit": (4, "the load generator fell behind: the limit found is its own, not the target's"),
+    "max_steps": (4, "--max-steps ran out before the bracket was narrow enough"),
+    "interrupted": (4, "interrupted"),
+    "run_failed": (4, "a step's run failed"),
+}

@@ -14,6 +14,7 @@ import asyncio
 import os
 import random
 import time
+from typing import Awaitable, Callable
 
 from aiohttp import web
 
@@ -37,6 +38,12 @@ def make_app(delay_ms: float = 1.0, jitter_ms: float = 0.0, freeze_every: float 
             await asyncio.sleep(delay / 1000)
         return web.json_response({"ok": True, "received_bytes": len(body)})
 
+    return target_app(handle)
+
+
+def target_app(handle: Callable[[web.Request], Awaitable[web.Response]]) -> web.Application:
+    """An application that answers GET /health and sends every other request to `handle`, with
+    request bodies bounded (the other demo targets build on it)."""
     async def health(request: web.Request) -> web.Response:
         return web.json_response({"status": "ready", "pid": os.getpid()})
 

@@ -27,7 +27,7 @@ import time
 
 from aiohttp import web
 
-MAX_BODY_BYTES = 1 << 20
+from latscope.targets.echo import target_app
 
 
 def make_app(service_ms: float, seed: int = 0) -> web.Application:
@@ -44,13 +44,7 @@ def make_app(service_ms: float, seed: int = 0) -> web.Application:
         await asyncio.sleep(departure - time.monotonic())
         return web.json_response({"ok": True})
 
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ready"})
-
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
-    app.router.add_get("/health", health)
-    app.router.add_route("*", "/{tail:.*}", handle)
-    return app
+    return target_app(handle)
 
 
 def main(argv: list[str] | None = None) -> None:

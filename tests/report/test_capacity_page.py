@@ -44,7 +44,7 @@ def test_the_headline_says_the_capacity_its_limit_why_it_stopped_and_the_cost(pa
     assert cost_line(capacity) == "$0.00259 per 1,000 requests, $1.23 per 1M output tokens at $3.50/h (at 375 req/s)"
     assert '<div class="headline">Capacity ≈ 375 req/s (bracket 375–387.5 req/s, precision 5 %)</div>' in page
     assert "Limited by <b>latency/all p99</b> (p99 ≤ 40 ms): the SLO that failed at the lowest failing rate." in page
-    assert "Stopped: the bracket is as narrow as the precision asked. capacity 375 req/s: every SLO held" in page
+    assert "Stopped: the bracket is within the precision asked. capacity 375 req/s: every SLO held" in page
     assert "Cost: <b>$0.00259 per 1,000 requests, $1.23 per 1M output tokens at $3.50/h (at 375 req/s)</b>" in page
     assert 'class="warning"' not in page and "headline partial" not in page
     assert page.count("<script") == 3 and "Plotly" in page  # plotly.js embedded once: no network needed
