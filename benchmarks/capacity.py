@@ -141,7 +141,9 @@ def main() -> None:
         f"**{truth:.1f} req/s**. Precision {args.precision:.0%}; every step {args.step_duration:g} s measured after 2 s of "
         f"warm-up, judged by the p99's 95 % confidence interval (twice as long when undecided). The search starts at "
         f"{args.start:g} req/s; the scan steps up from there by δ = {args.precision:.0%} of λ* = {args.precision * truth:.1f} "
-        f"req/s, stopping at its first fail.\n\n{table}\n\nRaw numbers: `{report['json_file']}`.\n",
+        f"req/s, stopping at its first fail.\n\n{table}\n\nThe rates each tried, in order:\n\n"
+        + "".join(f"- {r['method']}, seed {r['seed']}: {', '.join(r['tried'])}\n" for r in runs)
+        + f"\nRaw numbers: `{report['json_file']}`.\n",
         TITLE)
 
 

@@ -15,6 +15,7 @@ from rich.text import Text
 
 from latscope.analysis import coldstart
 from latscope.capacity import StepStart
+from latscope.report.capacity_page import cost_line
 from latscope.report.words import event_text, goodput_sentence, slo_value_text
 from latscope.run import Progress
 
@@ -199,7 +200,5 @@ def print_capacity(console: Console, document: dict, out: object) -> None:
                                 document["message"]), soft_wrap=True)
     cost = document.get("cost")
     if cost:
-        per_tokens = f", ${cost['per_1m_output_tokens']:,.4g} per 1M output tokens" if cost["per_1m_output_tokens"] else ""
-        console.print(f"cost at {_rate(cost['at_rate_rps'])} req/s and ${cost['price_per_hour']:g}/h: "
-                      f"${cost['per_1k_requests']:,.4g} per 1,000 requests{per_tokens}", highlight=False)
+        console.print(f"cost: {cost_line(document)}", highlight=False, soft_wrap=True)
     console.print(f"results: {out}  (capacity.json, capacity.html, steps/)", highlight=False, soft_wrap=True)

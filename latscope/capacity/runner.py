@@ -96,8 +96,8 @@ class Search:
             return None
         tokens = at.get("output_tokens_per_s")
         return {"price_per_hour": price, "at_rate_rps": self.low, "achieved_rps": at["achieved_rps"],
-                "per_1k_requests": round(price / 3600 / at["achieved_rps"] * 1000, 6),
-                "per_1m_output_tokens": round(price / 3600 / tokens * 1e6, 6) if tokens else None}
+                "per_1k_requests": _sig(price / 3600 / at["achieved_rps"] * 1000),
+                "per_1m_output_tokens": _sig(price / 3600 / tokens * 1e6) if tokens else None}
 
     def document(self) -> dict:
         o = self.options
@@ -298,6 +298,11 @@ def _message(search: Search) -> str:
     found = f"; so far the SLOs hold at {low:.4g} req/s" if low else ""
     bracket = f" and fail at {high:.4g}" if high else ""
     return f"no answer: {why}{found}{bracket}" + (f" — {search.steps[-1]['note']}" if search.stopped == "run_failed" else "")
+
+
+def _sig(x: float) -> float:
+    """Six significant figures (a cost per request can be a millionth of a dollar)."""
+    return float(f"{x:.6g}")
 
 
 def _round(x: float | None) -> float | None:

@@ -45,10 +45,13 @@ def _num(value: object) -> float | None:
 
 
 def fmt_money(value: float | None) -> str:
-    """Dollars: $1.23 from a dollar up, else three significant figures ($0.00259)."""
+    """Dollars: $1.23 from a dollar up, else three significant figures, never in e-notation
+    ($0.00259, $0.0000608)."""
     if value is None:
         return "–"
-    return f"${value:,.2f}" if value >= 1 else f"${value:.3g}"
+    if value >= 1 or value <= 0:
+        return f"${value:,.2f}"
+    return f"${value:.{2 - math.floor(math.log10(value))}f}"
 
 
 def _rate(value: object) -> str:
