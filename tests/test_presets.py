@@ -123,3 +123,21 @@ def test_streaming_chat_sets_goodput_objectives_and_a_goodput_slo():
     scenario = load_scenario(_path("streaming_chat"))
     assert scenario.goodput is not None and scenario.goodput.objectives() == {"ttft_ms": 300, "latency_ms": 2000}
     assert {(o.metric, o.stat) for o in scenario.slos} == {("ttft", "p99"), ("latency", "p99"), ("goodput", "fraction")}
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_preset_works_with_latscope_capacity(name, servers, tmp_path):
+    """One capacity step of each preset (1 s warm-up, 2 s measured): the scaled scenario runs, and
+    every SLO of the preset is judged with its confidence interval."""
+    from latscope.capacity import CapacityOptions, find_capacity
+
+    scenario = load_scenario(_path(name))
+    url = servers(scenario.target.launch.command)
+    warmup = next(i for i, p in enumerate(scenario.phases) if p.warmup)
+    sets = [f"target.url={url}", "target.launch=null", f"phases.{warmup}.duration=1s", "output.report=false"]
+    cap = find_capacity(load_scenario(_path(name), sets), tmp_path / "c", CapacityOptions(max_steps=1, step_duration_s=2, workers=1))
+    step = cap["steps"][0]
+    assert step["rate_rps"] == pytest.approx(cap["base_rate_rps"]) and step["requests"]["errors"] == 0
+    assert [s["name"] for s in step["slos"]] == [s["name"] for s in cap["slos"]] and len(cap["slos"]) == len(scenario.slos)
+    assert all(s["verdict"] in ("pass", "fail", "undecided") and s["value"] is not None for s in step["slos"]), step["slos"]
+    assert (tmp_path / "c" / step["dir"] / "summary.json").is_file() and (tmp_path / "c" / "capacity.html").is_file()
