@@ -31,11 +31,19 @@ def is_capacity_dir(path: str | Path) -> bool:
 
 
 def read_capacity(path: str | Path) -> dict:
-    file = Path(path) / CAPACITY
+    """DIR/capacity.json (the gate and the capacity page read it); ResultsError when it is missing,
+    not JSON, or not a JSON object."""
+    directory = Path(path)
+    source = directory / CAPACITY
     try:
-        return json.loads(file.read_text())
-    except (OSError, ValueError) as exc:
-        raise ResultsError(f"{file}: cannot read the capacity search ({exc})") from None
+        capacity = json.loads(source.read_text())
+    except OSError as exc:
+        raise ResultsError(f"{source}: cannot read it ({exc.strerror or exc}); is {directory} a `latscope capacity` directory?") from exc
+    except json.JSONDecodeError as exc:
+        raise ResultsError(f"{source}: not JSON ({exc})") from exc
+    if not isinstance(capacity, dict):
+        raise ResultsError(f"{source}: expected a JSON object")
+    return capacity
 
 
 def _rps(x: float | None) -> str:

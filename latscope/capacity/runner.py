@@ -139,6 +139,7 @@ def find_capacity(scenario: Scenario, out: Path, options: CapacityOptions = Capa
     rate = options.min_rate or (min(base, options.max_rate) if options.max_rate else base)
     longer = False
     seconds = options.step_duration_s or measured_seconds(scenario)
+    warmup = sum(p.duration or 0.0 for p in scenario.phases if p.warmup)
     overhead = STEP_OVERHEAD_S  # a step's wall time beyond its planned phases, the most seen so far
     with _terminate_as_interrupt():
         try:
@@ -149,12 +150,12 @@ def find_capacity(scenario: Scenario, out: Path, options: CapacityOptions = Capa
                 if on_step:
                     left = options.max_steps - len(search.steps)
                     expected = steps_left(search.low, search.high, options.precision)
-                    longest = 2 * seconds + _warmup_seconds(scenario) + overhead  # a step run again is twice as long
+                    longest = 2 * seconds + warmup + overhead  # a step run again is twice as long
                     on_step(StepStart(len(search.steps) + 1, rate, longer, search.low, search.high, left,
                                       None if expected is None else max(1, expected), left * longest))
                 started = time.monotonic()
                 step = _run_step(search, rate, seconds * (2 if longer else 1), longer, on_progress)
-                overhead = max(overhead, time.monotonic() - started - step["duration_s"] - _warmup_seconds(scenario))
+                overhead = max(overhead, time.monotonic() - started - step["duration_s"] - warmup)
                 search.steps.append(step)
                 stop = _account(search, step, rate, longer)
                 if on_step:
@@ -198,10 +199,6 @@ def _check(scenario: Scenario, out: Path, o: CapacityOptions) -> float:
     if not 0 < o.precision < 1:
         raise ScenarioError(f"--precision {o.precision:g} must be between 0 and 1 (0.05: within 5 %)")
     return base
-
-
-def _warmup_seconds(scenario: Scenario) -> float:
-    return sum(p.duration or 0.0 for p in scenario.phases if p.warmup)
 
 
 def _run_step(search: Search, rate: float, seconds: float, longer: bool,

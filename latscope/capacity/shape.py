@@ -56,8 +56,10 @@ def scaled(scenario: Scenario, factor: float, measured_s: float | None = None) -
     phases' durations stretched together to last that long (their proportions kept). Everything
     else — seed, classes, SLOs, the `${VAR}` record that keeps secrets out of results — is kept."""
     copy = scenario.model_copy(deep=True)
-    stretch = measured_s / measured_seconds(scenario) if measured_s else 1.0
-    for phase, duration in zip(copy.phases, _durations(scenario)):
+    durations = _durations(scenario)  # a trace phase's reads its file: once
+    measured = sum(d for p, d in zip(scenario.phases, durations) if not p.warmup)
+    stretch = measured_s / measured if measured_s else 1.0
+    for phase, duration in zip(copy.phases, durations):
         a = phase.arrival
         for name in RATE_FIELDS[a.type]:
             value = getattr(a, name)

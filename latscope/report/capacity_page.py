@@ -16,17 +16,16 @@ percent-encoded relative path inside DIR.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path, PurePosixPath
 from urllib.parse import quote
 
-from latscope.errors import ResultsError
+from latscope.analysis.capacity_gate import read_capacity
 from latscope.report.capacity_figures import curve_keys, curve_panel, fmt_rate, goodput_panel
 from latscope.report.escape import esc_html
 from latscope.report.html import fmt_ms, page, safe_panel
 from latscope.results import write_text
-from latscope.results.schema import CAPACITY, CAPACITY_PAGE, CAPACITY_STOPS
+from latscope.results.schema import CAPACITY_PAGE, CAPACITY_STOPS
 
 VERDICT_CLASS = {"pass": "good", "fail": "bad", "undecided": "unsure", "invalid": "bad", "partial": "unsure"}
 CSS = """
@@ -262,15 +261,7 @@ def write_capacity_page(capacity_dir: str | Path, cdn: bool = False) -> Path:
     """Write DIR/capacity.html from DIR/capacity.json; returns its path. ResultsError when
     capacity.json is missing or is not JSON."""
     directory = Path(capacity_dir)
-    source = directory / CAPACITY
-    try:
-        capacity = json.loads(source.read_text())
-    except OSError as exc:
-        raise ResultsError(f"{source}: cannot read it ({exc.strerror or exc}); is {directory} a `latscope capacity` directory?") from exc
-    except json.JSONDecodeError as exc:
-        raise ResultsError(f"{source}: not JSON ({exc})") from exc
-    if not isinstance(capacity, dict):
-        raise ResultsError(f"{source}: expected a JSON object")
+    capacity = read_capacity(directory)
     out = directory / CAPACITY_PAGE
     write_text(out, capacity_html(capacity, cdn=cdn))
     return out
