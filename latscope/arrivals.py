@@ -502,9 +502,9 @@ def expected_arrivals(a: Arrival, d: float | None, resolve: Callable[[str], Path
     match a.type:
         case "constant" | "poisson":
             return a.rate * d
-        case "burst":
-            cycles = math.ceil(d / a.period)
-            on = sum(overlap(k * a.period, a.burst_length) for k in range(cycles))
+        case "burst":  # whole cycles, then what the last one's burst gets of the rest
+            cycles, rest = divmod(d, a.period)
+            on = cycles * a.burst_length + min(a.burst_length, rest)
             return a.burst_rate * on + a.base_rate * (d - on)
         case "mmpp":
             return (a.base_rate * a.mean_gap + a.burst_rate * a.mean_burst_length) / (a.mean_gap + a.mean_burst_length) * d

@@ -7,13 +7,18 @@ import json
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import numpy as np
 from rich.console import Console
+from rich.markup import escape
 
 from latscope import __version__
 from latscope.errors import LatscopeError, ResultsError, RunError, ScenarioError
+
+if TYPE_CHECKING:
+    from latscope.scenario import Scenario
 
 EXIT_OK, EXIT_RUN_ERROR, EXIT_BAD_INPUT = 0, 1, 2
 # `latscope gate` (and `run --gate`): 0 pass, 1 SLO breach, 2 usage error, 3 regression against the
@@ -23,8 +28,14 @@ GATE_EXIT = {"pass": EXIT_OK, "slo_breach": EXIT_SLO_BREACH, "regression": EXIT_
              "inconclusive": EXIT_INCONCLUSIVE, "invalid": EXIT_INCONCLUSIVE}
 
 
-def _fail(message: str, code: int) -> None:
-    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
+def _fail(message: str, code: int, scenario: Scenario | None = None) -> None:
+    """Print the error and exit. The message may quote a target (its log's last lines): printed as
+    text, not markup, and without the scenario's secrets."""
+    if scenario is not None:
+        from latscope.scenario import scrub, secret_values
+
+        message = scrub(message, secret_values(scenario))
+    Console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
     sys.exit(code)
 
 
@@ -129,20 +140,26 @@ def run(scenario_file: Path, out: Path | None, overrides: tuple[str, ...], worke
         run_gate: bool, metrics_port: int | None, metrics_host: str, baseline: Path | None, slo_file: Path | None,
         junit: Path | None, markdown: Path | None) -> None:
     """Run SCENARIO_FILE and write a results directory."""
-    from latscope.console import ProgressDisplay, print_summary
-    from latscope.run import run_scenario
-    from latscope.scenario import load_scenario
+    from latscope.interrupt import BEFORE_START, Interrupted, guarded
 
     console = Console() if sys.stdout.isatty() else Console(width=120)  # logs: no 80-column wrapping
+    scenario = None
     try:
-        scenario = load_scenario(scenario_file, overrides)
-        with ProgressDisplay(console, enabled=not quiet) as display:
-            result = run_scenario(scenario, out=out, workers=workers, on_progress=display,
-                                  metrics_port=metrics_port, metrics_host=metrics_host)
+        with guarded() as stop:  # the whole command, the imports too (latscope.interrupt)
+            from latscope.console import ProgressDisplay, print_summary
+            from latscope.run import run_scenario
+            from latscope.scenario import load_scenario
+
+            scenario = load_scenario(scenario_file, overrides)
+            with ProgressDisplay(console, enabled=not quiet) as display:
+                result = run_scenario(scenario, out=out, workers=workers, on_progress=display,
+                                      metrics_port=metrics_port, metrics_host=metrics_host, stop=stop)
+    except Interrupted:  # a signal before the results directory: there is nothing to keep
+        _fail(BEFORE_START, EXIT_RUN_ERROR)
     except ScenarioError as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
     except (RunError, LatscopeError) as exc:
-        _fail(str(exc), EXIT_RUN_ERROR)
+        _fail(str(exc), EXIT_RUN_ERROR, scenario)
     print_summary(console, result.summary, result.run_dir)
     if (result.run_dir / "report.html").exists():
         console.print(f"report: {result.run_dir / 'report.html'}", highlight=False, soft_wrap=True)
@@ -202,6 +219,7 @@ def capacity(scenario_file: Path, out: Path | None, precision: float, min_rate: 
 
     console = Console() if sys.stdout.isatty() else Console(width=120)
     options = CapacityOptions(precision, min_rate, max_rate, max_steps, step_duration, confidence, price_per_hour, workers)
+    scenario = None
     try:
         scenario = load_scenario(scenario_file, overrides)
         out = create_run_dir(scenario.output.dir, f"{scenario.name}-capacity", time.time(), out)
@@ -210,7 +228,7 @@ def capacity(scenario_file: Path, out: Path | None, precision: float, min_rate: 
     except ScenarioError as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
     except LatscopeError as exc:
-        _fail(str(exc), EXIT_RUN_ERROR)
+        _fail(str(exc), EXIT_RUN_ERROR, scenario)
     print_capacity(console, document, out)
     sys.exit(document["exit_code"])
 
@@ -221,7 +239,8 @@ def capacity(scenario_file: Path, out: Path | None, precision: float, min_rate: 
 def validate(scenario_file: Path, overrides: tuple[str, ...]) -> None:
     """Check SCENARIO_FILE and show what it would send."""
     from latscope.plan import action_times, build_plan
-    from latscope.scenario import action_secrets, load_scenario
+    from latscope.scenario import load_scenario, scrub, secret_values
+    from latscope.scenario.redact import redact_url  # a URL's password and api_key=... stay off the screen
     from latscope.workload import Payloads
 
     try:
@@ -230,7 +249,7 @@ def validate(scenario_file: Path, overrides: tuple[str, ...]) -> None:
         Payloads(scenario)  # datasets and tensor files load
     except ScenarioError as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
-    click.echo(f"{scenario_file}: ok — scenario {scenario.name!r}, target {scenario.target.protocol} {scenario.target.url}")
+    click.echo(f"{scenario_file}: ok — scenario {scenario.name!r}, target {scenario.target.protocol} {redact_url(scenario.target.url)}")
     for p in plan.phases:
         n = int(((plan.offsets_s >= p.start_s) & (plan.offsets_s < p.start_s + p.duration_s)).sum())
         click.echo(f"  phase {p.name:<16} {p.duration_s:8.1f} s  {n:>9,} requests  {n / p.duration_s if p.duration_s else 0:9.1f}/s"
@@ -238,17 +257,16 @@ def validate(scenario_file: Path, overrides: tuple[str, ...]) -> None:
     click.echo(f"  total            {plan.duration_s:8.1f} s  {len(plan):>9,} requests")
     for i, name in enumerate(plan.class_names):
         e, mine = scenario.endpoint(i), plan.cls == i
-        click.echo(f"  class {name:<16} {mine.mean() if len(plan) else 0:8.1%}  {e.protocol} {e.method} {e.url}{e.path}")
+        click.echo(f"  class {name:<16} {mine.mean() if len(plan) else 0:8.1%}  {e.protocol} {e.method} {redact_url(e.url)}{e.path}")
         for label, lengths in (("prompt tokens", plan.prompt_tokens[mine]), ("output tokens", plan.output_tokens[mine])):
             if lengths.any():
                 p50, p99 = np.percentile(lengths, [50, 99])
                 click.echo(f"        {label}: min {lengths.min()}, p50 {p50:.0f}, p99 {p99:.0f}, max {lengths.max()}")
+    secrets = secret_values(scenario)
     for action, at in zip(scenario.actions, action_times(scenario, plan)):
         what = {"command": lambda a: f"command {a.command if isinstance(a.command, str) else shlex.join(a.command)}",
-                "http": lambda a: f"http {a.http.method} {a.http.url}", "restart": lambda a: "restart the launched target"}
-        line = what[action.kind](action)
-        for secret in action_secrets(scenario):  # a token from ${ENV} in a command line stays off the screen
-            line = line.replace(secret, "<redacted>")
+                "http": lambda a: f"http {a.http.method} {redact_url(a.http.url)}", "restart": lambda a: "restart the launched target"}
+        line = scrub(what[action.kind](action), secrets)  # a token from ${ENV} in a command line stays off the screen
         click.echo(f"  action {action.name:<15} at {at:7.1f} s  {line}")
 
 

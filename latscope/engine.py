@@ -12,6 +12,12 @@ Timing rules (DESIGN.md), all on the monotonic `perf_counter_ns` clock:
 The in-flight cap is the one place the engine may not send on time: with `overflow: queue` the
 request waits for a slot (counted `late`; its latency still runs from the intended time), with
 `overflow: drop` it is not sent (counted `dropped`).
+
+Accounting: every request counted `sent` ends counted once more, as completed, as an error of some
+kind, or as cancelled (in flight when the run was torn down). Clients report a failed request in its
+Outcome; an exception that escapes one anyway (a bug, or a response no check foresaw) becomes a
+`protocol` error with its message here, so no request vanishes. The engine checks the sum when it
+is done (`unaccounted`, which the worker reports and the run's summary shows): anything but 0 is a bug.
 """
 
 from __future__ import annotations
@@ -30,9 +36,9 @@ import numpy as np
 from latscope.intervals import IntervalRecorder
 from latscope.plan import after_idle, build_plan
 from latscope.protocols import Client, make_client
-from latscope.records import IntervalReport, Request, WorkerDone, WorkerFailed, WorkerReady
+from latscope.records import IntervalReport, Outcome, Request, WorkerDone, WorkerFailed, WorkerReady
 from latscope.results.schema import CANCELLED, DROPPED, LATE, SENT
-from latscope.scenario import Scenario
+from latscope.scenario import Scenario, scrub, secret_values
 
 LOOP_LAG_PERIOD_NS = 10_000_000  # the lag probe asks to sleep 10 ms; anything beyond is loop lag
 STOP_POLL_S = 0.05  # how often a worker checks for a stop request
@@ -76,6 +82,7 @@ class Engine:
         precise_timer: bool,
         probes: frozenset[int] = frozenset(),
         goodput: list[dict[str, float] | None] | None = None,
+        secrets: list[str] | None = None,
     ):
         self.client = client
         self.intended_ns, self.seq, self.cls, self.warmup = intended_ns, seq, cls, warmup
@@ -90,8 +97,11 @@ class Engine:
         self.should_stop = should_stop
         self.spin_ns = SPIN_NS if precise_timer else 0
         # probes: plan indices reported one by one; goodput: each class's objectives (Scenario.goodput_objectives)
-        self.measure = IntervalRecorder(class_names, probes, goodput)
+        # secrets: what must never leave the worker in a message (scenario.secret_values)
+        self.measure = IntervalRecorder(class_names, probes, goodput, secrets)
         self.in_flight = 0
+        self.sent = 0  # requests counted `sent`
+        self.settled = 0  # of those, requests counted again: completed, an error, or cancelled
         self.consumed = 0  # how many of this worker's planned requests were sent, dropped or skipped
         self.stopping = False
         self._slot_free = asyncio.Event()
@@ -149,6 +159,7 @@ class Engine:
                         self.consumed -= 1
                         return
                 self.in_flight += 1
+                self.sent += 1
                 count(cls, warm, SENT)
                 task = loop.create_task(self._one(Request(seq, intended, cls, warm, prompt, output, item)))
                 self._tasks.add(task)
@@ -160,11 +171,22 @@ class Engine:
             outcome = await self.client.send(request)
         except asyncio.CancelledError:
             self.measure.count(request.cls, request.warmup, CANCELLED)
+            self.settled += 1
             return
+        except Exception as exc:  # noqa: BLE001 - a client must not lose a request, whatever went wrong
+            now = time.perf_counter_ns()
+            outcome = Outcome(now, now, error="protocol", reason=f"the client failed: {type(exc).__name__}: {exc}")
         finally:
             self.in_flight -= 1
             self._slot_free.set()
         self.measure.record(request, outcome)
+        self.settled += 1
+
+    @property
+    def unaccounted(self) -> int:
+        """Requests sent but counted neither completed, nor an error, nor cancelled: 0 unless latscope
+        has a bug (checked once the engine is done)."""
+        return self.sent - self.settled
 
     # -- health of the generator itself -----------------------------------------------------
 
@@ -248,10 +270,13 @@ def worker_main(spec: WorkerSpec, queue: Any, start_event: Any, t0_value: Any, s
     """Entry point of a worker process (spawned). Reports through `queue`; never raises."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the parent coordinates the stop
     signal.signal(signal.SIGTERM, lambda *_: stop_event.set())
+    # The parent started us with both blocked (latscope.interrupt.blocked): one that came while we
+    # were importing is delivered now, to these handlers.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
     try:
         _run_loop(_worker(spec, queue, start_event, t0_value, stop_event))
-    except BaseException:
-        queue.put(WorkerFailed(spec.index, traceback.format_exc()))
+    except BaseException:  # the traceback crosses to the parent and the console: without the scenario's secrets
+        queue.put(WorkerFailed(spec.index, scrub(traceback.format_exc(), secret_values(spec.scenario))))
 
 
 def _run_loop(coro: Any) -> Any:
@@ -307,6 +332,7 @@ async def _worker(spec: WorkerSpec, queue: Any, start_event: Any, t0_value: Any,
         should_stop=should_stop,
         probes=frozenset(np.intersect1d(after_idle(plan)[0], mine).tolist()),
         goodput=scenario.goodput_objectives(),
+        secrets=secret_values(scenario),
     )
     # Freeze what exists now (plan, imports) out of the collector's reach and make young
     # collections rarer: fewer client pauses while measuring. Pauses still happen and are recorded.
@@ -317,4 +343,4 @@ async def _worker(spec: WorkerSpec, queue: Any, start_event: Any, t0_value: Any,
         not_sent, error_examples = await engine.run()
     finally:
         await client.close()
-    queue.put(WorkerDone(spec.index, not_sent, error_examples))
+    queue.put(WorkerDone(spec.index, not_sent, error_examples, engine.unaccounted))

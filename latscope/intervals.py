@@ -12,7 +12,9 @@ outcomes *mean*, following the timing rules (DESIGN.md), all from the intended t
     encode, decode, server.<part> as measured;  network = service_time − encode − decode − server total
 
 Values are µs (integer division of ns). A failed request counts under its error kind and keeps a
-few distinct messages; it adds nothing to the latency histograms.
+few distinct messages; it adds nothing to the latency histograms. What the target said (an error
+message, a replica id, a Server-Timing name) is scrubbed of the scenario's secrets here, before it
+leaves the worker (scenario.scrub): a server that echoes the API key puts it nowhere.
 
 Goodput (DistServe's): a request of a class with objectives (Scenario.goodput_objectives) is *good*
 when it succeeded and met every objective of its class, judged here, exactly, one request at a time
@@ -33,6 +35,7 @@ from latscope.recorder import Recorder
 from latscope.results.schema import (COMPLETED, COUNTERS, ERROR_INDEX, GOOD, GOOD_OUTPUT_TOKENS, MAX_REPLICA_CLASSES,
                                      OTHER_REPLICAS, OUTPUT_TOKENS, OUTPUT_TOKENS_USAGE, PROMPT_TOKENS, REPLICA_METRIC,
                                      replica_class)
+from latscope.scenario import scrub
 
 MAX_ERROR_EXAMPLES = 5  # distinct error messages kept per kind
 NO_LIMIT = 1 << 62  # an objective that is not set: every value meets it
@@ -54,8 +57,10 @@ class IntervalRecorder:
     """Records outcomes into the current interval; `take()` ends the interval."""
 
     def __init__(self, class_names: list[str], probes: frozenset[int] = frozenset(),
-                 goodput: list[dict[str, float] | None] | None = None):
+                 goodput: list[dict[str, float] | None] | None = None, secrets: list[str] | None = None):
         self.class_names = class_names
+        self.secrets = secrets or []  # scenario.secret_values: scrubbed from what the target said
+        self._part_names: dict[str, str] = {}  # a Server-Timing name -> its metric name, scrubbed once
         self.probes = probes  # plan indices of requests reported one by one (plan.after_idle)
         # per class index: its goodput objectives in µs (goodput_limits), None for a class without
         self.goodput = [goodput_limits(g) for g in goodput] if goodput else [None] * len(class_names)
@@ -108,7 +113,7 @@ class IntervalRecorder:
                 record("decode", name, outcome.decode_ns // 1000, warm)
             if outcome.server_timing:
                 for part, ms in outcome.server_timing.items():
-                    record(f"server.{part}", name, ms * 1000, warm)
+                    record(self._part_names.get(part) or self._part_metric(part), name, ms * 1000, warm)
                 if not outcome.token_ns:  # a stream's Server-Timing covers only its start
                     server_ms = outcome.server_timing.get("total") or sum(outcome.server_timing.values())
                     rest_ns = service_ns - outcome.encode_ns - outcome.decode_ns - int(server_ms * 1e6)
@@ -121,13 +126,21 @@ class IntervalRecorder:
         else:
             self.count(request.cls, warm, ERROR_INDEX[outcome.error])
             examples = self.error_examples.setdefault(outcome.error, [])
-            if len(examples) < MAX_ERROR_EXAMPLES and outcome.reason not in examples:
-                examples.append(outcome.reason)
+            if len(examples) < MAX_ERROR_EXAMPLES:
+                reason = scrub(outcome.reason, self.secrets)
+                if reason not in examples:
+                    examples.append(reason)
+
+    def _part_metric(self, part: str) -> str:
+        """The metric of a Server-Timing part, its name scrubbed (once per name)."""
+        metric = self._part_names[part] = f"server.{scrub(part, self.secrets)}"
+        return metric
 
     def _first_seen(self, replica: str, end_ns: int, latency_us: int | None) -> str:
         """Note a replica's first response; its class under REPLICA_METRIC (see replica_class)."""
-        self.replicas_new[replica] = (end_ns, latency_us)
-        cls = replica_class(replica) if len(self._replica_classes) < MAX_REPLICA_CLASSES else OTHER_REPLICAS
+        seen = scrub(replica, self.secrets)
+        self.replicas_new[seen] = (end_ns, latency_us)
+        cls = replica_class(seen) if len(self._replica_classes) < MAX_REPLICA_CLASSES else OTHER_REPLICAS
         self._replica_classes[replica] = cls
         return cls
 

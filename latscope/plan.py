@@ -8,16 +8,22 @@ N-th request, so the merged stream they send is exactly the planned process.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from latscope import arrivals
-from latscope.scenario import PROTOCOLS, Scenario
+from latscope.scenario import PROTOCOLS, LengthDist, Phase, Scenario
+from latscope.scenario.base import DataPath
 from latscope.workload import draw_lengths, seed_streams
+
 # A gap of at least this long in the schedule (a trace's lull) counts as idle, like an idle phase:
 # long enough for a target that scales to zero to have done so on a short timeout.
 IDLE_GAP_S = 5.0
+# The most rate changes (burst cycles, MMPP state switches) one phase may have: each is a segment of
+# the arrival engine's piecewise rate, a few float64s in several arrays.
+MAX_SEGMENTS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -62,13 +68,18 @@ class Plan:
 
 
 def build_plan(scenario: Scenario) -> Plan:
-    """The whole run's schedule. Deterministic for a given scenario (seed included)."""
+    """The whole run's schedule. Deterministic for a given scenario (seed included).
+
+    Raises ScenarioError, naming the scenario's file, line and field, when the plan would be too big
+    (check_plan_size) or a file the scenario names (a trace, a lengths file) does not load."""
+    check_plan_size(scenario)
     seeds = seed_streams(scenario)
     chunks, phase_ids, phases, trace_lengths = [], [], [], []
     start = 0.0
     for i, phase in enumerate(scenario.phases):
-        offsets, duration, lengths = arrivals.phase_offsets(phase.arrival, phase.duration,
-                                                            np.random.default_rng(seeds[i]), scenario.resolve_path)
+        with scenario.about(("phases", i, "arrival", "file")):  # a trace file's problem: which line named it
+            offsets, duration, lengths = arrivals.phase_offsets(phase.arrival, phase.duration,
+                                                                np.random.default_rng(seeds[i]), scenario.resolve_path)
         chunks.append(offsets + start)
         phase_ids.append(np.full(len(offsets), i, dtype=np.int16))
         phases.append(PhasePlan(phase.name, start, duration, phase.warmup))
@@ -98,16 +109,77 @@ def build_plan(scenario: Scenario) -> Plan:
         if prompt is None and wc.dataset is None:  # the protocol's default prompt (openai), if it has one
             prompt_tokens[mine] = PROTOCOLS[scenario.endpoint(c).protocol].default_prompt_tokens
         elif prompt is not None:
-            prompt_tokens[mine] = draw_lengths(prompt, len(mine), rng, scenario)
+            prompt_tokens[mine] = _draw(scenario, ("workload", "classes", c, "prompt_tokens"), prompt, len(mine), rng)
         if wc.output_tokens is not None:
-            output_tokens[mine] = draw_lengths(wc.output_tokens, len(mine), rng, scenario)
+            output_tokens[mine] = _draw(scenario, ("workload", "classes", c, "output_tokens"), wc.output_tokens, len(mine), rng)
     for target, key in ((prompt_tokens, "prompt_tokens"), (output_tokens, "output_tokens")):
         if any(key in lengths for lengths in trace_lengths):  # a trace's lengths win over the class's
             values = np.concatenate([lengths.get(key, np.zeros(len(ids), np.int32))
                                      for lengths, ids in zip(trace_lengths, phase_ids)])[:n]
             target[values > 0] = values[values > 0]
+    _check_prompts(scenario, prompt_tokens, cls, phase)
     item = rng.integers(0, 2**62, size=n, dtype=np.int64)
     return Plan(offsets_s, phase, cls, phases, names, prompt_tokens, output_tokens, item)
+
+
+def _draw(scenario: Scenario, path: DataPath, dist: LengthDist, n: int, rng: np.random.Generator) -> np.ndarray:
+    """draw_lengths, a lengths file's problem named by the scenario field that points to it."""
+    with scenario.about((*path, "file")):
+        return draw_lengths(dist, n, rng, scenario)
+
+
+def check_plan_size(scenario: Scenario) -> None:
+    """Refuse a plan too big to build, before building any of it: the phases' expected number of
+    requests (arrivals.expected_arrivals, closed forms) against limits.max_planned_requests, and a
+    burst or MMPP phase's rate changes against MAX_SEGMENTS. A trace phase counts as nothing here:
+    it is as big as its file, which the plan reads once."""
+    counts = []
+    for i, phase in enumerate(scenario.phases):
+        a, d = phase.arrival, phase.duration
+        changes = {"burst": lambda: math.ceil(d / a.period), "mmpp": lambda: 2 * d / (a.mean_gap + a.mean_burst_length)}
+        if a.type in changes and (segments := changes[a.type]()) > MAX_SEGMENTS:
+            field_name = "period" if a.type == "burst" else "mean_gap"
+            raise scenario.problem(("phases", i, "arrival", field_name), f"over its {d:g} s this phase would change rate "
+                                   f"~{segments:.3g} times; the most is {MAX_SEGMENTS:,} (a longer {field_name} or a shorter duration)")
+        counts.append(0.0 if a.type == "trace" else arrivals.expected_arrivals(a, d, scenario.resolve_path))
+    limit = scenario.limits.max_planned_requests
+    if sum(counts) > limit:
+        i = max(range(len(counts)), key=counts.__getitem__)
+        phase = scenario.phases[i]
+        raise scenario.problem(_too_many_because(phase, i, limit),
+                               f"this scenario would plan ~{sum(counts):.3g} requests (phase {phase.name!r}: ~{counts[i]:.3g} "
+                               f"in {phase.duration:g} s); the limit is {limit:,} (limits.max_planned_requests)")
+
+
+def _too_many_because(phase: Phase, i: int, limit: int) -> DataPath:
+    """The field to blame for a phase that plans too many requests: its peak rate, unless that rate
+    would fit the limit for an hour (then it is the duration that is off)."""
+    a = phase.arrival
+    rates = {(name,): getattr(a, name) for name in _RATE_FIELDS if hasattr(a, name)}
+    if a.type == "steps":
+        rates = {("rates", j): r for j, r in enumerate(a.rates)}
+    field_path, peak = max(rates.items(), key=lambda item: item[1])
+    return ("phases", i, "duration") if peak * 3600 <= limit else ("phases", i, "arrival", *field_path)
+
+
+_RATE_FIELDS = ("rate", "burst_rate", "spike_rate", "to_rate", "from_rate", "base_rate")
+
+
+def _check_prompts(scenario: Scenario, prompt_tokens: np.ndarray, cls: np.ndarray, phase: np.ndarray) -> None:
+    """Each prompt within limits.max_prompt_tokens: a worker builds every synthetic prompt whole
+    (prompt_tokens: 1e9 would be a 5 GB string per request). Blames the class or the trace phase
+    the longest prompt came from."""
+    limit = scenario.limits.max_prompt_tokens
+    if not len(prompt_tokens) or (longest := int(prompt_tokens.max())) <= limit:
+        return
+    at = int(prompt_tokens.argmax())
+    arrival = scenario.phases[int(phase[at])].arrival
+    if arrival.type == "trace" and arrival.lengths is not None and arrival.lengths.prompt_column is not None:
+        path: DataPath = ("phases", int(phase[at]), "arrival", "lengths", "prompt_column")
+        hint = " (lengths.max_prompt caps them)"
+    else:
+        path, hint = ("workload", "classes", int(cls[at]), "prompt_tokens"), ""
+    raise scenario.problem(path, f"prompts of up to {longest:,} tokens; the limit is {limit:,} (limits.max_prompt_tokens){hint}")
 
 
 def after_idle(plan: Plan) -> tuple[np.ndarray, np.ndarray]:

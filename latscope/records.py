@@ -90,6 +90,7 @@ class WorkerDone:
     worker: int
     not_sent: int  # planned requests it did not send (the run was stopped)
     error_examples: dict[str, list[str]] = field(default_factory=dict)  # error kind -> distinct messages (a few)
+    unaccounted: int = 0  # requests sent but counted neither completed, an error nor cancelled: a bug when not 0
 
 
 @dataclass(slots=True)

@@ -23,6 +23,7 @@ import numpy as np
 from latscope.errors import ScenarioError
 from latscope.records import Request
 from latscope.scenario import Dataset, LengthDist, Scenario, TensorSpec
+from latscope.scenario.base import DataPath
 
 # Common English words that tokenize as a single token with a leading space in mainstream BPE
 # vocabularies (checked against GPT-2's and Llama's merges: all are whole-word entries).
@@ -148,19 +149,13 @@ def read_dataset(dataset: Dataset, path: Path) -> list[str]:
     return prompts
 
 
-def make_tensors(specs: list[TensorSpec], rng: np.random.Generator, scenario: Scenario) -> list[Tensor]:
-    """One set of input tensors: each random (uniform in [low, high)) or loaded from its .npy file."""
+def make_tensors(specs: list[TensorSpec], rng: np.random.Generator, scenario: Scenario, where: DataPath) -> list[Tensor]:
+    """One set of input tensors: each random (uniform in [low, high)) or loaded from its .npy file.
+    `where` is the specs' place in the scenario (workload.classes[i].tensors), for errors."""
     tensors = []
-    for spec in specs:
+    for j, spec in enumerate(specs):
         if spec.npy is not None:
-            path = scenario.resolve_path(spec.npy)
-            try:
-                array = np.load(path, allow_pickle=False)
-            except (OSError, ValueError) as exc:
-                raise ScenarioError(f"tensor {spec.name}: cannot load {path} ({exc})") from None
-            if array.dtype not in DATATYPES:
-                raise ScenarioError(f"tensor {spec.name}: {path} holds {array.dtype}, which KServe v2 has no datatype for")
-            tensors.append(Tensor(spec.name, DATATYPES[array.dtype], array))
+            tensors.append(Tensor(spec.name, *_load_npy(scenario.resolve_path(spec.npy), scenario, (*where, j, "npy"))))
             continue
         dtype = np.dtype(DTYPES[spec.datatype])
         if dtype.kind == "f":
@@ -173,6 +168,21 @@ def make_tensors(specs: list[TensorSpec], rng: np.random.Generator, scenario: Sc
     return tensors
 
 
+def _load_npy(path: Path, scenario: Scenario, where: DataPath) -> tuple[str, np.ndarray]:
+    """(KServe datatype, array) of a .npy file, its size checked from its header (limits.max_body_bytes)
+    before its data is read."""
+    try:
+        mapped = np.load(path, mmap_mode="r", allow_pickle=False)
+        limit = scenario.limits.max_body_bytes
+        if mapped.nbytes > limit:
+            raise scenario.problem(where, f"{path} holds {mapped.nbytes:,} bytes; the limit is {limit:,} (limits.max_body_bytes)")
+        if mapped.dtype not in DATATYPES:
+            raise scenario.problem(where, f"{path} holds {mapped.dtype}, which KServe v2 has no datatype for")
+        return DATATYPES[mapped.dtype], np.array(mapped)
+    except (OSError, ValueError, EOFError) as exc:
+        raise scenario.problem(where, f"cannot load {path} ({exc})") from None
+
+
 class Payloads:
     """Builds each request's payload in a worker. Datasets and tensors are loaded once, here, so a
     broken file fails the run before it starts (the parent builds one to check)."""
@@ -182,10 +192,13 @@ class Payloads:
         rng = np.random.default_rng(seed_streams(scenario)[-1])
         words = np.array(VOCABULARY)[rng.integers(0, len(VOCABULARY), size=TEXT_WORDS)]
         self._words: list[str] = words.tolist()
-        self._datasets = [read_dataset(c.dataset, scenario.resolve_path(c.dataset.file)) if c.dataset else None
-                          for c in classes]
-        self._tensors = [[make_tensors(c.tensors, rng, scenario) for _ in range(TENSOR_POOL)] if c.tensors else None
-                         for c in classes]
+        self._datasets: list[list[str] | None] = [None] * len(classes)
+        for i, c in enumerate(classes):
+            if c.dataset:
+                with scenario.about(("workload", "classes", i, "dataset", "file")):
+                    self._datasets[i] = read_dataset(c.dataset, scenario.resolve_path(c.dataset.file))
+        self._tensors = [[make_tensors(c.tensors, rng, scenario, ("workload", "classes", i, "tensors"))
+                          for _ in range(TENSOR_POOL)] if c.tensors else None for i, c in enumerate(classes)]
 
     def synthetic_prompt(self, tokens: int, start: int) -> str:
         """`tokens` words of the synthetic text, from word `start` on (wrapping around)."""

@@ -1,7 +1,8 @@
 """Admin API, served by the supervisor on its own port (--admin-port): list, add and remove replicas.
 
 Every request needs `Authorization: Bearer <token>` (--admin-token / LATSCOPE_REF_ADMIN_TOKEN),
-compared in constant time; anything else is 401. Without a token the API is not served at all.
+compared in constant time, byte for byte; anything else (missing, wrong, not even UTF-8) is 401. Without a
+token the API is not served at all.
 
     GET    /admin/replicas          {"replicas": [{id, index, pid, state, prewarm, model_loaded,
                                                    started_at, ready_at, ready_after_s}, ...]}
@@ -26,6 +27,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from reference_server import client_errors
+from reference_server.client_errors import BodyTooLarge, BodyUnreadable, read_body
 from reference_server.config import MAX_REPLICAS
 from reference_server.errors import StartupError
 from reference_server.metrics import PREFIX
@@ -38,6 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STATES = ("starting", "loading", "warming", "ready", "stopping")
+MAX_BODY_BYTES = 64 * 1024
 
 
 def _error(status: int, message: str, **headers: str) -> web.Response:
@@ -64,7 +68,8 @@ def _auth(token: str):
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        given = request.headers.get("Authorization", "").encode()
+        # aiohttp decodes header bytes as UTF-8 with surrogateescape: this gives back the bytes that were sent.
+        given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
         if not hmac.compare_digest(given, expected):
             log.warning("admin: refused %s %s from %s (bad or missing token)", request.method, request.path,
                         request.remote)
@@ -87,7 +92,12 @@ def make_app(supervisor: Supervisor, token: str) -> web.Application:
 
     async def add_replica(request: web.Request) -> web.Response:
         prewarm = None
-        body = await request.read()
+        try:
+            body = await read_body(request, MAX_BODY_BYTES)
+        except BodyTooLarge:
+            return _error(413, f"body is over {MAX_BODY_BYTES} bytes")
+        except BodyUnreadable as exc:
+            return _error(400, str(exc))
         if body.strip():
             try:
                 options = json.loads(body)
@@ -115,7 +125,7 @@ def make_app(supervisor: Supervisor, token: str) -> web.Application:
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    app = web.Application(middlewares=[_auth(token)], client_max_size=64 * 1024)
+    app = web.Application(middlewares=[_auth(token)], client_max_size=MAX_BODY_BYTES)
     app.router.add_get("/admin/replicas", list_replicas)
     app.router.add_post("/admin/replicas", add_replica)
     app.router.add_delete("/admin/replicas/{id}", remove_replica)
@@ -125,7 +135,8 @@ def make_app(supervisor: Supervisor, token: str) -> web.Application:
 
 async def start(supervisor: Supervisor, host: str, port: int, token: str) -> tuple[web.AppRunner, str]:
     """Serve the admin API on (host, port); port 0 picks a free one. Returns the runner and the URL."""
-    runner = web.AppRunner(make_app(supervisor, token), handle_signals=False, access_log=None)
+    runner = web.AppRunner(make_app(supervisor, token), handle_signals=False, access_log=None,
+                           logger=client_errors.LOG)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:

@@ -47,7 +47,7 @@ def main() -> None:
 @_option("--max-body-bytes", type=click.IntRange(min=1), default=16 * 1024 * 1024,
          help="Largest request body; past it, 413.")
 @_option("--threads", type=click.IntRange(min=1), default=None,
-         help="Backend intra-op threads [default: one per CPU core].")
+         help="Backend intra-op threads [default: one per CPU core it may run on].")
 @_option("--builtin", type=click.Choice(["encoder", "identity"]), default="encoder",
          help="Built-in model to serve when no --model is given: the transformer encoder, or an identity "
               "(FP32 x [batch, 384] -> y) whose every millisecond is transport and serialization.")

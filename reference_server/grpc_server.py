@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import socket
 import time
@@ -66,7 +67,7 @@ _UNSUPPORTED_INPUT_PARAMETERS = ("shared_memory_region", "shared_memory_byte_siz
 # --- messages <-> v2 requests (pure functions) ---------------------------------------------------------
 
 def _from_raw(spec: TensorSpec, blob: bytes, index: int, shape: tuple[int, ...]) -> np.ndarray:
-    expected = int(np.prod(shape)) * spec.dtype.itemsize
+    expected = math.prod(shape) * spec.dtype.itemsize  # Python ints: np.prod wraps past 2**63 (to 0 bytes, say)
     if len(blob) != expected:
         raise v2.BadRequest(f"input '{spec.name}': raw_input_contents[{index}] has {len(blob)} bytes, shape "
                             f"{list(shape)} of {spec.datatype} needs {expected} bytes")

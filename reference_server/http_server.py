@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from reference_server import __version__, v2
 from reference_server.batcher import Batcher, InferenceFailed, Overloaded, RequestTooLarge
+from reference_server.client_errors import BodyTooLarge, BodyUnreadable, read_body
 from reference_server.metrics import Metrics, server_timing
 from reference_server.signature import Signature
 
@@ -84,12 +85,12 @@ class V2Routes:
     async def infer(self, request: web.Request) -> web.Response:
         if unknown := self._unknown(request):
             return unknown
-        if (request.content_length or 0) > self.max_body_bytes:
-            return self._too_large()
         try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:  # chunked upload that outgrew the limit
+            body = await read_body(request, self.max_body_bytes)
+        except BodyTooLarge:
             return self._too_large()
+        except BodyUnreadable as exc:
+            return _error(400, str(exc))
 
         started = time.perf_counter_ns()
         try:

@@ -33,6 +33,7 @@ from aiohttp import web
 
 from reference_server.backends.onnxruntime import OnnxRuntimeBackend
 from reference_server.batcher import Overloaded
+from reference_server.client_errors import BodyTooLarge, BodyUnreadable, read_body
 from reference_server.decoder import DecoderConfig, cached_decoder
 from reference_server.errors import StartupError
 from reference_server.generation import ContextTooLong, Generation, GenerationFailed, Generator, Token, warm_up
@@ -258,12 +259,12 @@ class OpenAIRoutes:
     async def _read(self, request: web.Request) -> Any:
         too_large = ApiError(413, f"request body is over {self.max_body_bytes} bytes (--max-body-bytes)",
                              code="request_too_large")
-        if (request.content_length or 0) > self.max_body_bytes:
-            raise too_large
         try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
+            body = await read_body(request, self.max_body_bytes)
+        except BodyTooLarge:
             raise too_large from None
+        except BodyUnreadable as exc:
+            raise ApiError(400, str(exc)) from None
         try:
             return json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from reference_server import client_errors
 from reference_server.backends import choose_backend
 from reference_server.backends.base import Backend, BackendUnavailable
 from reference_server.batcher import Batcher
@@ -107,7 +108,8 @@ async def serve(config: ServerConfig, replica: ReplicaRole | None = None) -> Non
     generator = mount_generator(app, config, metrics)  # None with --no-generator
     if config.extra_latency_ms:
         log.info("extra latency: %.1f ms added to every infer request (--extra-latency-ms)", config.extra_latency_ms)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, logger=client_errors.LOG,
+                           shutdown_timeout=SHUTDOWN_TIMEOUT_S)
     await runner.setup()
     batcher.start()
     if generator:

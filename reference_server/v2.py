@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,16 +110,32 @@ def from_binary(spec: TensorSpec, size: Any, raw: memoryview, offset: int, shape
     return array.reshape(shape).astype(spec.dtype.newbyteorder("="), copy=False)
 
 
+_DIGITS = re.compile(r"[0-9]+")  # a byte count: plain ASCII digits (no sign, '_', '0x' or exponent)
+
+
 def _split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
     if header_length is None:
         return body, memoryview(b"")
-    try:
-        n = int(header_length)
-    except ValueError:
-        raise BadRequest(f"{HEADER_LENGTH} must be an integer, got {header_length!r}") from None
+    text = header_length.strip()
+    if not _DIGITS.fullmatch(text):
+        raise BadRequest(f"{HEADER_LENGTH} must be the JSON header's length in bytes (a whole number), "
+                         f"got {header_length[:40]!r}")
+    n = int(text) if len(text) <= 20 else len(body) + 1  # past 20 digits it is past any body
     if not 0 < n <= len(body):
-        raise BadRequest(f"{HEADER_LENGTH} is {n} but the body has {len(body)} bytes")
+        shown = text if len(text) <= 20 else f"{text[:20]}..."
+        raise BadRequest(f"{HEADER_LENGTH} is {shown} but the body has {len(body)} bytes; it must be the JSON "
+                         f"header's length, between 1 and the body's")
     return body[:n], memoryview(body)[n:]
+
+
+def _not_json(exc: ValueError, header: bytes, header_length: str | None) -> BadRequest:
+    """The message for a request whose JSON does not parse: with the binary extension, most likely because
+    its length header does not give the JSON header's exact length, so the message names that header."""
+    if header_length is None:
+        return BadRequest(f"malformed JSON: {exc}")
+    return BadRequest(f"the first {len(header)} bytes of the body ({HEADER_LENGTH}: {len(header)}) are not a "
+                      f"JSON header ({exc}); {HEADER_LENGTH} must be the exact length of the JSON before the "
+                      f"binary tensor data")
 
 
 def check_input(signature: Signature, name: Any, datatype: Any, shape: Any, inputs: dict[str, np.ndarray],
@@ -132,7 +149,8 @@ def check_input(signature: Signature, name: Any, datatype: Any, shape: Any, inpu
     if name in inputs:
         raise BadRequest(f"input '{name}' is given twice")
     if datatype != spec.datatype:
-        hint = "" if datatype in V2_DTYPES else f"; known datatypes: {', '.join(V2_DTYPES)}"
+        known = isinstance(datatype, str) and datatype in V2_DTYPES  # it may be any JSON value (a list, ...)
+        hint = "" if known else f"; known datatypes: {', '.join(V2_DTYPES)}"
         raise BadRequest(f"input '{name}': datatype {datatype!r} does not match the model's {spec.datatype}{hint}")
     return spec, _check_shape(spec, shape, signature, seen)
 
@@ -149,7 +167,7 @@ def decode_request(body: bytes, header_length: str | None, signature: Signature)
     try:
         doc = json.loads(header)
     except ValueError as exc:  # includes UnicodeDecodeError
-        raise BadRequest(f"malformed JSON: {exc}") from None
+        raise _not_json(exc, header, header_length) from None
     except RecursionError:
         raise BadRequest("malformed JSON: nested too deeply") from None
     doc = _object(doc, "the request")

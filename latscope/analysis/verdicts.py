@@ -44,6 +44,10 @@ def validity(metrics: dict, requests: dict, thresholds: Any, max_in_flight: int)
             flag("invalid", f"{what} p99 {p99:.3f} ms > {invalid:g} ms: the generator could not keep to the schedule")
         elif p99 > degraded:
             flag("degraded", f"{what} p99 {p99:.3f} ms > {degraded:g} ms")
+    if requests.get("sent") == 0:
+        flag("invalid", "nothing was sent: there is no measurement")
+    if requests.get("unaccounted"):
+        flag("invalid", f"{requests['unaccounted']} sent requests were counted neither completed nor failed (a latscope bug)")
     if requests.get("late"):
         flag("degraded", f"{requests['late']} requests waited for a free slot (limits.max_in_flight={max_in_flight})")
     if requests.get("dropped"):

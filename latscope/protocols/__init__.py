@@ -6,6 +6,12 @@ class's endpoint and the request's `Payload` (workload.py), stamps `sent_ns` its
 a request (a connect counts as service time, not send lag), times its own encode and decode, and
 returns an `Outcome`; it never records anything.
 
+What a client must never do, whatever the target does: read more than `limits.max_response_bytes`
+of one response (an endless or enormous one ends as a `protocol` error, the connection dropped), or
+write a request line or header holding CR, LF or NUL (http.unsafe_head, checked once per class when
+the client is built; such a request is a `protocol` error "not sent: ..."). An exception escaping
+`send` is a bug the engine still counts, as a `protocol` error.
+
 | `target.protocol` | module | speaks |
 | --- | --- | --- |
 | `http` | http.py | any HTTP/1.1 request, body prepared once per class |

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import ssl
 import time
 from collections import deque
@@ -35,6 +36,7 @@ class PreparedRequest:
     head: bool  # a HEAD request: the response has headers only, whatever Content-Length says
     data: bytes  # the whole request, head and body, as it goes on the wire
     body_len: int
+    refused: str | None = None  # why this class's request cannot be written (unsafe_head): each one is an error
 
 
 def prepare_requests(scenario: Scenario) -> list[PreparedRequest]:
@@ -50,7 +52,11 @@ def prepare_requests(scenario: Scenario) -> list[PreparedRequest]:
             content_type = content_type or "application/json"
         elif body_value is not None:
             body = str(body_value).encode()
-        head = request_head(endpoint, len(body), content_type)
+        try:
+            head = request_head(endpoint, len(body), content_type)
+        except Failure as failure:
+            prepared.append(PreparedRequest(False, b"", 0, failure.reason))
+            continue
         prepared.append(PreparedRequest(endpoint.method == "HEAD", head + body, len(body)))
     return prepared
 
@@ -73,6 +79,17 @@ class Response:
     headers: dict[str, str]  # the headers of WANTED_HEADERS that came, by lower-case name
 
 
+def too_large(limit: int) -> str:
+    """The reason of a response cut at `limit` bytes (limits.max_response_bytes)."""
+    return f"response larger than limits.max_response_bytes ({limit:,} bytes)"
+
+
+def refused_outcome(reason: str) -> Outcome:
+    """The outcome of a request that was never written because it could not be written safely."""
+    now = time.perf_counter_ns()
+    return Outcome(now, now, error="protocol", reason=reason)
+
+
 BodySink = Callable[[bytes, int], None]  # (a piece of the body, perf_counter_ns of the read it came in)
 # The only response headers kept (parsing every header of every response costs a load generator).
 WANTED_HEADERS = frozenset({"server-timing", "x-replica-id", "content-type", "inference-header-content-length"})
@@ -81,8 +98,9 @@ WANTED_HEADERS = frozenset({"server-timing", "x-replica-id", "content-type", "in
 class _Connection(asyncio.Protocol):
     """One keep-alive connection; `send` writes a request and resolves once its whole response is in."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int):
         self.loop = loop
+        self.limit = limit  # bytes one response may take, head and body (limits.max_response_bytes)
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
@@ -94,6 +112,7 @@ class _Connection(asyncio.Protocol):
         self.head, self.sink = head, sink
         self.pieces: list[bytes] | None = [] if keep_body else None
         self.body_len, self.reason, self.end_ns, self.keep_alive = 0, "", 0, False
+        self.received = 0  # bytes read of this response (whatever the parser makes of them)
         self.headers: dict[str, str] = {}
 
     # asyncio callbacks
@@ -102,6 +121,11 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.read_ns = time.perf_counter_ns()
+        self.received += len(data)
+        if self.received > self.limit:  # an endless or enormous response: nothing more is read or kept
+            self._fail(Failure("protocol", f"{too_large(self.limit)}: cut, connection dropped"))
+            self.close()
+            return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -168,12 +192,13 @@ class HttpPool:
     connection whenever none is idle, so it never holds more than the requests in flight (which the
     engine caps). Open it inside the worker's event loop."""
 
-    def __init__(self, url: str, timeout_s: float):
+    def __init__(self, url: str, timeout_s: float, max_response_bytes: int):
         parts = urlsplit(url)
         self._host = parts.hostname
         self._port = parts.port or (443 if parts.scheme == "https" else 80)
         self._ssl = ssl.create_default_context() if parts.scheme == "https" else None
         self._timeout_s = timeout_s
+        self._limit = max_response_bytes
         self._idle: deque[_Connection] = deque()
         self._all: set[_Connection] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -195,7 +220,7 @@ class HttpPool:
             self._all.discard(connection)
         try:
             _, connection = await self._loop.create_connection(
-                lambda: _Connection(self._loop), self._host, self._port, ssl=self._ssl
+                lambda: _Connection(self._loop, self._limit), self._host, self._port, ssl=self._ssl
             )
         except OSError as exc:
             raise Failure("connect", f"cannot connect to {self._host}:{self._port}: {exc.strerror or exc}") from None
@@ -230,10 +255,32 @@ class HttpPool:
         return response
 
 
+_LINE_BREAKING = re.compile(r"[\r\n\x00]")
+
+
+def unsafe_head(method: str, target: str, headers: dict[str, str]) -> str | None:
+    """Why a request line and headers cannot be written as they are, None when they can: a CR, LF or
+    NUL in the method, the URL or a header would end a line early, i.e. inject another header or
+    request (the scenario refuses them at validation; this is the client's own check, made once per
+    class, since values also come from ${ENV} and the scenario may be built in code). Names, never
+    values, go into the reason: a value may be a secret."""
+    if _LINE_BREAKING.search(method):
+        return "the method"
+    if _LINE_BREAKING.search(target):
+        return "the URL"
+    for name, value in headers.items():
+        if _LINE_BREAKING.search(name):
+            return "a header name"
+        if _LINE_BREAKING.search(value):
+            return f"the value of header {name}"
+    return None
+
+
 def request_prefix(endpoint: Endpoint, content_type: str | None = None, own: tuple[str, ...] = ()) -> bytes:
     """The request line and headers for `endpoint`, without Content-Length and the blank line that
     ends the head: a client that builds a body per request appends those (the scenario's own
-    Content-Length, and headers named in `own`, are left out: the client writes them)."""
+    Content-Length, and headers named in `own`, are left out: the client writes them). Raises
+    Failure("protocol") when they cannot be written safely (unsafe_head): not one byte is sent then."""
     url = urlsplit(endpoint.url)
     headers = {"Host": url.netloc, "User-Agent": f"latscope/{__version__}", "Accept": "*/*"}
     if content_type:
@@ -244,6 +291,9 @@ def request_prefix(endpoint: Endpoint, content_type: str | None = None, own: tup
     headers.update((k, v) for k, v in endpoint.headers.items() if k.lower() not in skip)
     path = url.path.rstrip("/") + endpoint.path
     target_path = (path or "/") + (f"?{url.query}" if url.query and "?" not in path else "")
+    unsafe = unsafe_head(endpoint.method, target_path, headers)
+    if unsafe is not None:
+        raise Failure("protocol", f"not sent: {unsafe} holds a CR, LF or NUL, which would inject a line into the request")
     head = f"{endpoint.method} {target_path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
     return head.encode("latin-1")
 
@@ -304,7 +354,8 @@ class HttpClient:
     """Generic HTTP: each class's request is prepared once; the response body is counted, not parsed."""
 
     def __init__(self, scenario: Scenario, classes: list[int]):
-        self._pool = HttpPool(scenario.endpoint(classes[0]).url, scenario.target.timeout)
+        self._pool = HttpPool(scenario.endpoint(classes[0]).url, scenario.target.timeout,
+                              scenario.limits.max_response_bytes)
         prepared = prepare_requests(scenario)
         self._prepared = {c: prepared[c] for c in classes}
 
@@ -318,6 +369,8 @@ class HttpClient:
         """Send one request; `sent_ns` is stamped before a connection is taken or opened, so a
         connect is part of service_time (the target's side), not of send_lag (the generator's)."""
         prepared = self._prepared[request.cls]
+        if prepared.refused:
+            return refused_outcome(prepared.refused)
         sent = time.perf_counter_ns()
         try:
             response = await self._pool.request(prepared.data, head=prepared.head)

@@ -34,7 +34,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from latscope.protocols.http import Failure, HttpPool, http_error, request_prefix, with_server_headers
+from latscope.protocols.http import (Failure, HttpPool, http_error, refused_outcome, request_prefix,
+                                     with_server_headers)
 from latscope.records import Outcome, Request
 from latscope.scenario import Scenario
 from latscope.workload import DTYPES, Payloads, Tensor
@@ -134,8 +135,11 @@ def from_raw(name: str, datatype: str, blob, shape: list[int]) -> np.ndarray:
 
 def _bytes_elements(name: str, view: memoryview, count: int) -> np.ndarray:
     """BYTES elements: each a 4-byte little-endian length, then that many bytes."""
-    out = np.empty(count, dtype=object)
     pos, end = 0, len(view)
+    if count * 4 > end:  # checked before anything is allocated: a shape may claim 10**24 elements
+        raise InvalidResponse(f"output '{name}': {end} bytes of BYTES data cannot hold {count} elements "
+                              f"(4 bytes each at least)")
+    out = np.empty(count, dtype=object)
     for i in range(count):
         if pos + 4 > end:
             raise InvalidResponse(f"output '{name}': BYTES data ends after {i} of {count} elements")
@@ -257,6 +261,7 @@ class _ClassPlan:
     binary: bool
     outputs: list[str]
     prefix: bytes  # request line and headers, without the body-length headers
+    refused: str | None = None  # why the request cannot be written (http.unsafe_head): each one is an error
 
     def encode(self, tensors: list[Tensor]) -> tuple[bytes, int]:
         """(the whole request as it goes on the wire, the body's length)."""
@@ -274,14 +279,18 @@ class KServeClient:
     path (model, version), headers, encoding and outputs."""
 
     def __init__(self, scenario: Scenario, classes: list[int], payloads: Payloads):
-        self._pool = HttpPool(scenario.endpoint(classes[0]).url, scenario.endpoint(classes[0]).timeout)
+        self._pool = HttpPool(scenario.endpoint(classes[0]).url, scenario.endpoint(classes[0]).timeout,
+                              scenario.limits.max_response_bytes)
         self._payloads = payloads
         self._plans: dict[int, _ClassPlan] = {}
         for c in classes:
             endpoint = scenario.endpoint(c)
             binary = endpoint.kserve.binary
-            self._plans[c] = _ClassPlan(binary, list(endpoint.kserve.outputs),
-                                        request_prefix(endpoint, BINARY_TYPE if binary else JSON_TYPE, own=(HEADER_LENGTH,)))
+            try:
+                prefix, refused = request_prefix(endpoint, BINARY_TYPE if binary else JSON_TYPE, own=(HEADER_LENGTH,)), None
+            except Failure as failure:
+                prefix, refused = b"", failure.reason
+            self._plans[c] = _ClassPlan(binary, list(endpoint.kserve.outputs), prefix, refused)
 
     async def open(self) -> None:
         await self._pool.open()
@@ -294,8 +303,10 @@ class KServeClient:
 
     async def infer(self, request: Request) -> tuple[Outcome, dict[str, np.ndarray] | None]:
         """Send one request; its outcome, and the decoded outputs when it succeeded."""
-        sent = time.perf_counter_ns()
         plan = self._plans[request.cls]
+        if plan.refused:
+            return refused_outcome(plan.refused), None
+        sent = time.perf_counter_ns()
         data, body_len = plan.encode(self._payloads.get(request).tensors)
         encode_ns = time.perf_counter_ns() - sent
         try:
@@ -322,6 +333,9 @@ def decoded(outcome: Outcome, decode: Callable[[], dict[str, np.ndarray]], outpu
         check_named_outputs(arrays, outputs)
     except InvalidResponse as exc:
         outcome.error, outcome.reason = "protocol", f"invalid tensor response: {exc}"
+        return outcome, None
+    except (ValueError, TypeError, OverflowError, MemoryError) as exc:  # what numpy says of what no check foresaw
+        outcome.error, outcome.reason = "protocol", f"invalid tensor response: {type(exc).__name__}: {exc}"
         return outcome, None
     outcome.end_ns = time.perf_counter_ns()
     outcome.decode_ns = outcome.end_ns - started

@@ -31,6 +31,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from latscope import __version__
+from latscope.protocols.http import refused_outcome, too_large, unsafe_head
 from latscope.protocols.kserve import (
     InvalidResponse,
     check_datatype,
@@ -46,7 +47,8 @@ from latscope.scenario import Scenario
 from latscope.workload import Payloads, Tensor
 from reference_server import proto
 
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # what a request may be (a response: limits.max_response_bytes)
+GRPC_MAX_LENGTH = 2**31 - 1  # grpc's message length options are 32-bit
 MODEL_INFER = proto.method_path("ModelInfer")
 TIMING_KEY = "server-timing"
 REPLICA_KEY = "x-replica-id"
@@ -145,6 +147,7 @@ class _ClassPlan:
     outputs: list[str]
     metadata: tuple[tuple[str, str], ...]
     timeout_s: float
+    refused: str | None = None  # why the call cannot be made (http.unsafe_head on the metadata)
 
 
 def _target(url: str) -> tuple[str, bool]:
@@ -170,15 +173,18 @@ class KServeGrpcClient:
             metadata = {k.lower(): v for k, v in endpoint.headers.items()}
             if endpoint.api_key:
                 metadata["authorization"] = f"Bearer {endpoint.api_key}"
+            unsafe = unsafe_head("POST", endpoint.model or "", metadata)
             self._plans[c] = _ClassPlan(endpoint.model or "", endpoint.kserve.version, list(endpoint.kserve.outputs),
-                                        tuple(metadata.items()), endpoint.timeout)
+                                        tuple(metadata.items()), endpoint.timeout,
+                                        unsafe and f"not sent: {unsafe} holds a CR, LF or NUL")
+        self._limit = min(scenario.limits.max_response_bytes, GRPC_MAX_LENGTH)
         self._channel: grpc.aio.Channel | None = None
         self._infer = None
 
     async def open(self) -> None:
         options = [
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", self._limit),
             ("grpc.primary_user_agent", f"latscope/{__version__}"),
         ]
         if self._tls:
@@ -197,8 +203,10 @@ class KServeGrpcClient:
 
     async def infer(self, request: Request) -> tuple[Outcome, dict[str, np.ndarray] | None]:
         """Send one request; its outcome, and the decoded outputs when it succeeded."""
-        sent = time.perf_counter_ns()
         plan = self._plans[request.cls]
+        if plan.refused:
+            return refused_outcome(plan.refused), None
+        sent = time.perf_counter_ns()
         data = encode_infer_request(plan.model, plan.version, self._payloads.get(request).tensors, plan.outputs)
         encode_ns = time.perf_counter_ns() - sent
         try:
@@ -215,6 +223,8 @@ class KServeGrpcClient:
             outcome = Outcome(sent, end, status=code.value[0], error=ERROR_KINDS_BY_CODE.get(code, "http_5xx"),
                               reason=f"gRPC {code.name}: {details}" if details else f"gRPC {code.name}", bytes_out=len(data),
                               encode_ns=encode_ns)
+            if code is grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details:  # ours: the response limit
+                outcome.error, outcome.reason = "protocol", f"{too_large(self._limit)} ({outcome.reason})"
             _with_trailing(outcome, exc.trailing_metadata())
             return outcome, None
         except (grpc.RpcError, ValueError, TypeError) as exc:  # e.g. metadata grpc refuses; never raise for one request

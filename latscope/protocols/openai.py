@@ -28,7 +28,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from latscope.protocols.http import Failure, HttpPool, Response, http_error, request_prefix, with_server_headers
+from latscope.protocols.http import (Failure, HttpPool, Response, http_error, refused_outcome, request_prefix,
+                                     with_server_headers)
 from latscope.protocols.sse import SseParser
 from latscope.records import Outcome, Request
 from latscope.scenario import Endpoint, Scenario
@@ -180,6 +181,7 @@ class _ClassRequest:
     model: str | None
     rest: dict[str, Any]  # the body's fields after the prompt and max_tokens: stream, options, extra_body
     prefix: bytes  # request line and headers without Content-Length
+    refused: str | None = None  # why the request cannot be written (http.unsafe_head): each one is an error
 
 
 def _class_request(endpoint: Endpoint) -> _ClassRequest:
@@ -189,14 +191,19 @@ def _class_request(endpoint: Endpoint) -> _ClassRequest:
         rest["stream_options"] = {"include_usage": True}
     rest.update(options.extra_body)
     stream = bool(rest.get("stream"))
-    return _ClassRequest(options.api == "chat", stream, endpoint.model, rest, request_prefix(endpoint, "application/json"))
+    try:
+        prefix, refused = request_prefix(endpoint, "application/json"), None
+    except Failure as failure:
+        prefix, refused = b"", failure.reason
+    return _ClassRequest(options.api == "chat", stream, endpoint.model, rest, prefix, refused)
 
 
 class OpenAIClient:
     """OpenAI-compatible requests for some workload classes of one (protocol, URL)."""
 
     def __init__(self, scenario: Scenario, classes: list[int], payloads: Payloads) -> None:
-        self._pool = HttpPool(scenario.endpoint(classes[0]).url, scenario.target.timeout)
+        self._pool = HttpPool(scenario.endpoint(classes[0]).url, scenario.target.timeout,
+                              scenario.limits.max_response_bytes)
         self._payloads = payloads
         self._classes = {c: _class_request(scenario.endpoint(c)) for c in classes}
 
@@ -224,6 +231,8 @@ class OpenAIClient:
         """One request; `sent_ns` is stamped before the body is built (encode is service time, as
         is a connect). Never raises for a failed request: the Outcome says what went wrong."""
         cls = self._classes[request.cls]
+        if cls.refused:
+            return refused_outcome(cls.refused)
         sent = _pc()
         data, body_len = self._encode(cls, request)
         encode_ns = _pc() - sent

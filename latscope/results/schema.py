@@ -208,6 +208,9 @@ EVENT_TYPES: dict[str, Event] = {
                                  "telemetry.parquet is full; later samples are dropped"),
     "abort": Event(("reason",), "run/orchestrator.py",
                    "the run is being stopped early (signal, target gone, worker failed); summary.json is partial"),
+    "accounting_mismatch": Event(("unaccounted",), "run/summary.py",
+                                 "requests sent but counted neither completed, nor an error, nor cancelled (a latscope "
+                                 "bug: summary.json requests.unaccounted says how many)"),
     "run_end": Event(("partial", "validity"), "run/summary.py", "the results are written; the last event"),
 }
 

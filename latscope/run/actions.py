@@ -14,7 +14,7 @@ Events (t_s on the run clock):
     target_stopped / target_launch / target_ready            around a restart, as for the first launch
 
 Whatever an action's `${VAR}`s expanded to (a token) is replaced by "<redacted>" in what is
-recorded: `output`, `response` and `error` (see scenario.redact.action_secrets).
+recorded: `output`, `response` and `error` (see scenario.redact.secret_values).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from latscope.errors import RunError
 from latscope.plan import Plan, action_times
 from latscope.run.launch import LaunchedTarget, command_argv, start_target, stop_group, stop_target
 from latscope.run.parts import RunPart
-from latscope.scenario import Action, Scenario, action_secrets
+from latscope.scenario import Action, Scenario, scrub, secret_values
 
 log = logging.getLogger("latscope.actions")
 
@@ -43,13 +43,13 @@ TEXT_LIMIT = 2000  # characters of a command's output (the last) or a response (
 PRECISE_S = 0.002  # the last stretch before an action's time is waited out precisely
 KILL_GRACE_S = 2.0  # between SIGTERM and SIGKILL of a command's process group
 STOP_JOIN_S = 8.0  # how long stop() waits for running actions (a restart may be stopping a target: 5 s)
-_REDACTED = "<redacted>"
 
 
 class TargetHost(Protocol):
     """What holds the launched target (the run): a restart replaces `target`."""
 
     target: LaunchedTarget | None
+    target_cores: set[int] | None  # the cores a (re)started target is pinned to (launch.core_split)
 
 
 def _one_line(text: str) -> str:
@@ -67,7 +67,7 @@ class ActionRunner(RunPart):
         """`cancelled`: the run is stopping (an abort); no further action starts, stop() records them."""
         self.scenario, self.events, self.host, self._cancelled = scenario, events, host, cancelled
         self.times = action_times(scenario, plan)
-        self.secrets = action_secrets(scenario)
+        self.secrets = secret_values(scenario)
         self.target_lock = threading.Lock()
         self.restarting = False  # read under target_lock
         self._stopping = threading.Event()
@@ -143,10 +143,8 @@ class ActionRunner(RunPart):
             log.warning("action %s (%s) failed: %s", action.name, kind, fields["error"])
 
     def scrub(self, text: str) -> str:
-        """`text` with every secret of the scenario's actions replaced by <redacted>."""
-        for secret in self.secrets:
-            text = text.replace(secret, _REDACTED)
-        return text
+        """`text` with every secret of the scenario replaced by <redacted> (scenario.scrub)."""
+        return scrub(text, self.secrets)
 
     def _command(self, i: int, action: Action) -> dict[str, Any]:
         argv = command_argv(action.command)
@@ -237,7 +235,8 @@ class ActionRunner(RunPart):
                 self.events.emit("target_stopped", exit_code=old.exit_code())
             try:
                 new = start_target(launch, self.scenario.resolve_path(launch.cwd or "."), self._target_log,
-                                   should_stop=lambda: self._stopping.is_set() or time.monotonic() > deadline)
+                                   should_stop=lambda: self._stopping.is_set() or time.monotonic() > deadline,
+                                   cores=self.host.target_cores)
             except RunError as exc:
                 why = (f"not ready within the action's timeout ({action.timeout:g} s)" if time.monotonic() > deadline
                        else str(exc).splitlines()[0])

@@ -16,12 +16,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from latscope.errors import RunError
-from latscope.scenario import Launch
+from latscope.scenario import Launch, scrub
 
 READY_POLL_S = 0.1
 STOP_GRACE_S = 5.0
@@ -63,9 +64,38 @@ def _is_ready(url: str) -> bool:
         return False
 
 
-def start_target(launch: Launch, cwd: Path, log_path: Path, should_stop: Callable[[], bool] = lambda: False) -> LaunchedTarget:
-    """Start the target and wait until its readiness URL answers 2xx (or, without one, until it has
-    run for a moment without exiting). `should_stop` lets Ctrl-C end the wait."""
+def core_split(launch: Launch | None) -> tuple[set[int], set[int]] | None:
+    """(latscope's cores, the target's cores) when the launched target asks for `cpus` of its own and
+    this process may run on more cores than that; None otherwise (everything shares every core, as it
+    does where the OS cannot pin: macOS)."""
+    if launch is None or launch.cpus is None or not hasattr(os, "sched_setaffinity"):
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) <= launch.cpus:
+        return None
+    return set(cores[: -launch.cpus]), set(cores[-launch.cpus:])
+
+
+@contextmanager
+def cores_for_latscope(split: tuple[set[int], set[int]] | None) -> Iterator[None]:
+    """Pin this process (and so every worker it starts) to latscope's share of a core split for the
+    duration, then give it back every core it had."""
+    if split is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, split[0])
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def start_target(launch: Launch, cwd: Path, log_path: Path, should_stop: Callable[[], bool] = lambda: False,
+                 cores: set[int] | None = None) -> LaunchedTarget:
+    """Start the target (pinned to `cores`, the target's side of `core_split`, when given) and wait
+    until its readiness URL answers 2xx (or, without one, until it has run for a moment without
+    exiting). `should_stop` lets Ctrl-C end the wait."""
     argv = command_argv(launch.command)
     started = time.monotonic()
     started_ns = time.perf_counter_ns()
@@ -82,6 +112,8 @@ def start_target(launch: Launch, cwd: Path, log_path: Path, should_stop: Callabl
             )
         except OSError as exc:
             raise RunError(f"cannot launch target {shlex.join(argv)}: {exc}") from exc
+    if cores:  # at once: before the interpreter it execs has started any thread or process
+        os.sched_setaffinity(process.pid, cores)
     target = LaunchedTarget(process, log_path, 0.0, started_ns)
     deadline = started + launch.ready_timeout
     while True:
@@ -106,6 +138,20 @@ def start_target(launch: Launch, cwd: Path, log_path: Path, should_stop: Callabl
     target.ready_ns = time.perf_counter_ns()
     target.ready_after_s = (target.ready_ns - started_ns) / 1e9
     return target
+
+
+def scrub_log(path: Path, secrets: list[str]) -> None:
+    """Rewrite a launched target's output (target.log) with the scenario's secrets redacted: a target
+    that logs the Authorization header it was sent must not put the key into the results. Line by
+    line (a secret never holds a line break: the scenario refuses CR and LF in them), bytes kept."""
+    if not secrets or not path.exists():
+        return
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(path, encoding="utf-8", errors="surrogateescape") as src, \
+            open(tmp, "w", encoding="utf-8", errors="surrogateescape") as dst:
+        for line in src:
+            dst.write(scrub(line, secrets))
+    os.replace(tmp, path)
 
 
 def stop_target(target: LaunchedTarget) -> None:

@@ -16,41 +16,43 @@ written.
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing as mp
 import os
 import queue as queue_module
-import signal
 import sys
 import threading
 import time
 from collections import deque
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 
 from latscope import results
 from latscope.engine import WorkerSpec, worker_main
 from latscope.errors import RunError
+from latscope.interrupt import Interrupted, StopRequest, blocked
 from latscope.plan import Plan, after_idle, build_plan
 from latscope.records import IntervalReport, WorkerDone, WorkerFailed, WorkerMessage, WorkerReady
 from latscope.results.hlog import HlogWriter
 from latscope.results.schema import COMPLETED, ERROR_INDEX, SENT
 from latscope.run.actions import ActionRunner
 from latscope.run.collector import Collector
-from latscope.run.launch import LaunchedTarget, start_target, stop_target
+from latscope.run.launch import LaunchedTarget, core_split, cores_for_latscope, scrub_log, start_target, stop_target
 from latscope.run.live import LiveMetrics, start_live_metrics
 from latscope.run.parts import RunPart
 from latscope.run.summary import RunFacts, write_results
-from latscope.scenario import Scenario, redacted_yaml
+from latscope.scenario import Scenario, redacted_yaml, secret_values
 from latscope.telemetry.session import TelemetrySession, worker_processes
 from latscope.workload import Payloads
 
 START_DELAY_S = 0.2  # between "all workers ready" and the first intended send
 READY_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0  # how long stopped workers get to report what they measured
+HURRY_GRACE_S = 1.0  # ... after a second Ctrl-C (a stopped worker drains for 0.5 s, engine.Engine._drain)
 # Events the live progress display shows as they happen.
 NOTABLE_EVENTS = {"target_ready", "target_stopped", "action_end", "action_skipped", "replica_first_seen",
                   "first_after_idle", "abort"}
@@ -81,26 +83,6 @@ class RunResult:
     summary: dict
 
 
-class _StopRequest:
-    """Turns SIGINT/SIGTERM into a polite request the run loop checks."""
-
-    def __init__(self) -> None:
-        self.reason: str | None = None
-
-    def __call__(self, signum: int, frame: object) -> None:
-        self.reason = f"interrupted by {signal.Signals(signum).name}"
-
-
-@contextmanager
-def _signals_to(handler: _StopRequest) -> Iterator[None]:
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-
-
 def run_scenario(
     scenario: Scenario,
     *,
@@ -109,28 +91,44 @@ def run_scenario(
     on_progress: Callable[[Progress], None] | None = None,
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
+    stop: StopRequest | None = None,
 ) -> RunResult:
     """Run `scenario` and write its results directory. Raises RunError when the run could not
     start; a run that started always leaves a results directory (partial when cut short).
-    `metrics_port` (0: a free one) serves live Prometheus metrics on metrics_host during the run (live.py)."""
-    workers = max(1, workers or os.cpu_count() or 1)
+    `metrics_port` (0: a free one) serves live Prometheus metrics on metrics_host during the run (live.py).
+    SIGINT and SIGTERM go to `stop` (default: a new one) for the whole call: one before the results
+    directory exists raises Interrupted (a KeyboardInterrupt; nothing written), one after it stops
+    the run in order (latscope.interrupt)."""
+    stop = stop or StopRequest()
+    with stop.handling():
+        return _run_scenario(scenario, out, workers, on_progress, metrics_port, metrics_host, stop)
+
+
+def _run_scenario(scenario: Scenario, out: str | Path | None, workers: int | None,
+                  on_progress: Callable[[Progress], None] | None, metrics_port: int | None, metrics_host: str,
+                  stop: StopRequest) -> RunResult:
+    split = core_split(scenario.target.launch)  # a launched target's own cores, latscope's the rest
+    workers = max(1, workers or (len(split[0]) if split else os.cpu_count() or 1))
     started_wall = time.time()
     plan = build_plan(scenario)
     Payloads(scenario)  # a dataset or tensor file that does not load fails here, not in every worker
     live = _start_live(scenario, plan, metrics_port, metrics_host)  # a taken port fails here, before any file
     try:
+        stop.commit()  # no gap: from before the directory exists, a signal is a request the run honours
+        if stop.reason:  # one came, and a finalizer it interrupted swallowed its exception
+            raise Interrupted(stop.reason)
         run_dir = results.create_run_dir(scenario.output.dir, scenario.name, started_wall, out)
         results.write_text(run_dir / results.SCENARIO, redacted_yaml(scenario))
         events = results.EventLog(run_dir / results.EVENTS)
         if scenario.output.save_schedule:
             _write_schedule(run_dir, plan)
         run = _Run(scenario, plan, workers, run_dir, events, on_progress)
+        run.target_cores = split[1] if split else None
         if live is not None:
             live.set_run_dir(str(run_dir))
             events.listeners.append(live.on_event)
             run.parts.append(live)
-        stop = _StopRequest()
-        with _signals_to(stop):
+        with cores_for_latscope(split):
             try:
                 run.execute(stop)
             except RunError as exc:
@@ -143,7 +141,7 @@ def run_scenario(
         if live is not None:
             live.close()  # the endpoint is served until the results are written
     if scenario.output.report:
-        _write_report(run_dir)
+        _write_report(run_dir, stop)
     if run.failure:
         raise RunError(f"{run.failure}; partial results in {run_dir}")
     return RunResult(run_dir, summary)
@@ -173,9 +171,13 @@ def _start_live(scenario: Scenario, plan: Plan, port: int | None, host: str) -> 
     return live
 
 
-def _write_report(run_dir: Path) -> None:
+def _write_report(run_dir: Path, stop: StopRequest) -> None:
     """report.html and summary.md, partial runs included. A report that cannot be written is a
-    warning: the results directory is complete without it (`latscope report` can try again)."""
+    warning: the results directory is complete without it (`latscope report` can try again). After
+    a second Ctrl-C the user is waiting: no report."""
+    if stop.hurry:
+        print(f"report skipped (stopped twice); write it with: latscope report {run_dir}", file=sys.stderr, flush=True)
+        return
     try:
         from latscope.report import write_report
 
@@ -194,6 +196,7 @@ class _Run:
         self.on_progress = on_progress
         self.parts: list[RunPart] = []  # hooked in at the run's moments (parts.py), in this order
         self.target: LaunchedTarget | None = None
+        self.target_cores: set[int] | None = None  # where a launched target is pinned (launch.core_split)
         self.actions: ActionRunner | None = None  # the scenario's actions (actions.py); may restart the target
         self.abort_reason: str | None = None
         self.failure: str | None = None  # an abort that is the run's fault, not the user's wish
@@ -203,7 +206,11 @@ class _Run:
         self.abort_ns: int | None = None
         self.done: dict[int, WorkerDone | None] = {}  # worker -> its last message (None: it died or failed)
         self.processes: list = []
+        self.stop: StopRequest | None = None  # SIGINT/SIGTERM (execute's); its `hurry` shortens the teardown
+        self._stop_event = None  # the workers' (multiprocessing), once they are started
+        self._shared: tuple = ()  # what the workers unpickle at start-up: kept alive until they are gone
         self._hlog_file = open(run_dir / f".{results.HLOG}.tmp", "w")
+        self.created_wall = time.time()  # the empty log's StartTime when the run never reaches t = 0
         self.collector: Collector | None = None
         self.telemetry: TelemetrySession | None = None
         self.launched: tuple[int, int] | None = None  # (started, ready) perf_counter_ns of the first launch
@@ -225,34 +232,25 @@ class _Run:
 
     # -- execution ----------------------------------------------------------------------------
 
-    def execute(self, stop: _StopRequest) -> None:
+    def execute(self, stop: StopRequest) -> None:
         scenario = self.scenario
+        self.stop = stop
         self.telemetry = TelemetrySession.from_config(scenario.telemetry, self.events, scenario.output.interval,
                                                       processes=lambda: worker_processes(self.processes))
         self.parts.insert(0, self.telemetry)
+        if stop.reason:  # it came while the directory was made: nothing to launch, start or wait for
+            self._abort(stop.reason)
+            return
         if scenario.target.launch is not None:
             self.target = start_target(
                 scenario.target.launch,
                 scenario.resolve_path(scenario.target.launch.cwd or "."),
                 self.run_dir / results.TARGET_LOG,
                 should_stop=lambda: stop.reason is not None,
+                cores=self.target_cores,
             )
             self.launched = (self.target.started_ns, self.target.ready_ns)  # a restart action replaces self.target
-
-        ctx = mp.get_context("spawn")
-        queue = ctx.Queue()
-        start_event, stop_event = ctx.Event(), ctx.Event()
-        t0_value = ctx.Value("q", 0)
-        for index in range(self.workers):
-            process = ctx.Process(
-                target=worker_main,
-                args=(WorkerSpec(index, self.workers, scenario), queue, start_event, t0_value, stop_event),
-                name=f"latscope-worker-{index}",
-                daemon=True,
-            )
-            process.start()
-            self.processes.append(process)
-        self._stop_event = stop_event
+        queue, start_event, t0_value = self._start_workers()
         if not self._wait_ready(queue, stop):
             return
 
@@ -275,7 +273,29 @@ class _Run:
         self._collect(queue, stop)
         self.end_ns = time.perf_counter_ns()
 
-    def _wait_ready(self, queue, stop: _StopRequest) -> bool:
+    def _start_workers(self) -> tuple:
+        """Spawn the workers; (queue, start event, t0 value). The shared objects are kept on self for
+        as long as the workers may live: a worker still starting when the run is stopped unpickles
+        them, and one the parent has let go of is gone (a FileNotFoundError in the worker). Workers
+        start with SIGINT and SIGTERM blocked (interrupt.blocked) until worker_main has its handlers."""
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        start_event, self._stop_event = ctx.Event(), ctx.Event()
+        t0_value = ctx.Value("q", 0)
+        self._shared = (queue, start_event, t0_value)
+        with blocked():
+            for index in range(self.workers):
+                process = ctx.Process(
+                    target=worker_main,
+                    args=(WorkerSpec(index, self.workers, self.scenario), queue, start_event, t0_value, self._stop_event),
+                    name=f"latscope-worker-{index}",
+                    daemon=True,
+                )
+                process.start()
+                self.processes.append(process)
+        return self._shared
+
+    def _wait_ready(self, queue, stop: StopRequest) -> bool:
         """True once every worker is ready; False when the user stopped the run first."""
         ready, deadline = set(), time.monotonic() + READY_TIMEOUT_S
         while len(ready) < self.workers:
@@ -298,7 +318,7 @@ class _Run:
         dead = [f"worker {i} exited with code {p.exitcode}" for i, p in enumerate(self.processes) if p.exitcode is not None]
         return ", ".join(dead) or "timed out waiting for them"
 
-    def _collect(self, queue, stop: _StopRequest) -> None:
+    def _collect(self, queue, stop: StopRequest) -> None:
         hard_deadline = time.monotonic() + self.plan.duration_s + self.scenario.target.timeout + 30.0
         grace_deadline = None
         next_phase = 0
@@ -311,10 +331,13 @@ class _Run:
                     self.failure = reason
                 if reason:
                     self._abort(reason)
-                    grace_deadline = now + STOP_GRACE_S
-            elif now > grace_deadline:
-                self.failure = self.failure or "workers did not stop in time"
-                break
+            if self.abort_reason is not None:  # stopping: the workers get a grace to report what they have
+                grace = HURRY_GRACE_S if stop.hurry else STOP_GRACE_S
+                grace_deadline = min(grace_deadline or math.inf, now + grace)
+                if now > grace_deadline:
+                    if not stop.hurry:  # after a second Ctrl-C, not waiting is what was asked
+                        self.failure = self.failure or "workers did not stop in time"
+                    break
             while next_phase < len(self.plan.phases) and self._elapsed_s() >= self.plan.phases[next_phase].start_s:
                 phase = self.plan.phases[next_phase]
                 self.events.emit("phase_start", phase=phase.name, planned_at_s=phase.start_s, warmup=phase.warmup)
@@ -386,7 +409,8 @@ class _Run:
             self.abort_reason = reason
             self.abort_ns = time.perf_counter_ns()
             self.events.emit("abort", reason=reason)
-        self._stop_event.set()
+        if self._stop_event is not None:
+            self._stop_event.set()
 
     def _target_gone(self) -> str | None:
         # A restart action stops the target on purpose; its lock keeps one from starting between the
@@ -437,17 +461,24 @@ class _Run:
             part.stop(self.abort_reason)
         if self.processes:
             self._stop_event.set()
+        # Workers stopped before t = 0 have nothing to report, and after a second signal nobody waits
+        # for them: a short grace, then they are killed (no traceback: SIGKILL).
+        hurry = self.t0_ns is None or (self.stop is not None and self.stop.hurry)
         for p in self.processes:
-            p.join(timeout=5.0)
+            p.join(timeout=0.5 if hurry else 5.0)
             if p.is_alive():
                 p.kill()
                 p.join()
         if self.target is not None:
             stop_target(self.target)
             self.events.emit("target_stopped", exit_code=self.target.exit_code())
+        if self.scenario.target.launch is not None:
+            scrub_log(self.run_dir / results.TARGET_LOG, secret_values(self.scenario))
         if self.collector is not None:
             self.collector.finish()
             self._emit_firsts()
+        else:  # stopped before t = 0: the log is empty but has its header (a 0-byte file is not a log)
+            HlogWriter(self._hlog_file, self.created_wall)
         self._hlog_file.close()
         os.replace(self._hlog_file.name, self.run_dir / results.HLOG)
         for part in self.parts:
@@ -465,4 +496,5 @@ class _Run:
             started_wall=started_wall, t0_ns=self.t0_ns, t0_wall=self.t0_wall, end_ns=self.end_ns,
             abort_ns=self.abort_ns, abort_reason=self.abort_reason, launched=self.launched,
             gpus=self.telemetry.gpus if self.telemetry else [], error_examples={k: v[:5] for k, v in examples.items()},
+            unaccounted=sum(done.unaccounted for done in self.done.values() if done),
         )

@@ -28,7 +28,7 @@ from latscope.scenario.phases import (ARRIVAL_TYPES, Arrival, BurstArrival, Cons
                                       Phase, PoissonArrival, RampArrival, Spacing, SpikeArrival, StepsArrival,
                                       TraceArrival, TraceLengths)
 from latscope.scenario.protocols import PROTOCOLS, KServeOptions, OpenAIOptions, Protocol, ProtocolSpec
-from latscope.scenario.redact import action_secrets, redacted_yaml, scenario_json_schema
+from latscope.scenario.redact import action_secrets, redacted_yaml, scenario_json_schema, scrub, secret_values
 from latscope.scenario.schema import Scenario
 from latscope.scenario.settings import Goodput, Limits, Output, Slo, Validity
 from latscope.scenario.target import Endpoint, Launch, Target
@@ -46,5 +46,5 @@ __all__ = [
     "Slo", "Spacing", "SpikeArrival", "StepsArrival", "Target", "Telemetry", "TensorSpec", "TraceArrival",
     "TraceLengths", "UniformLength", "Validity", "Workload", "WorkloadClass",
     "action_secrets", "apply_overrides", "load_scenario", "redacted_yaml", "scenario_from_dict",
-    "scenario_json_schema",
+    "scenario_json_schema", "scrub", "secret_values",
 ]

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import ConfigDict, Field, field_validator, model_serializer, model_validator
 
-from latscope.scenario.base import (NAME_RE, SECRET_BY_NAME, URL_CREDENTIALS, DataPath, Duration, Model,
-                                    PositiveDuration, ProblemAt, check_http_url, check_method)
+from latscope.scenario.base import (NAME_RE, SECRET_BY_NAME, URL_CREDENTIALS, DataPath, Duration, Headers, Model,
+                                    PositiveDuration, ProblemAt, ProcessText, check_http_url, check_method)
 
 if TYPE_CHECKING:
     from latscope.scenario.schema import Scenario
@@ -29,7 +29,7 @@ class HttpCall(Model):
 
     method: str | None = None  # default: POST with a json/body, GET without
     url: Annotated[str, URL_CREDENTIALS]
-    headers: Annotated[dict[str, str], SECRET_BY_NAME] = {}
+    headers: Annotated[Headers, SECRET_BY_NAME] = {}
     json_: Any = Field(None, alias="json")  # "json" would shadow BaseModel.json
     body: str | None = None
     expect: list[Annotated[int, Field(ge=100, le=599)]] = []
@@ -64,9 +64,9 @@ class Action(Model):
     name: str
     at: Duration | None = None
     when: ActionWhen | None = None
-    command: str | list[str] | None = None  # a string is split with shlex; `python` means latscope's interpreter
-    env: Annotated[dict[str, str], SECRET_BY_NAME] = {}  # added to the command's environment
-    cwd: str | None = None  # the command's folder, relative to the scenario file's folder
+    command: ProcessText | list[ProcessText] | None = None  # a string is split with shlex; `python` means latscope's interpreter
+    env: Annotated[dict[ProcessText, ProcessText], SECRET_BY_NAME] = {}  # added to the command's environment
+    cwd: ProcessText | None = None  # the command's folder, relative to the scenario file's folder
     http: HttpCall | None = None
     restart: bool = False  # restart target.launch
     timeout: PositiveDuration = 30.0

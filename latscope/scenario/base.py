@@ -9,13 +9,14 @@ redact.py reads the markers by walking the schema along a data path.
 
 from __future__ import annotations
 
+import base64
 import math
 import re
 from typing import Annotated, Any, Union, get_args, get_origin
 from types import UnionType
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
@@ -137,7 +138,63 @@ class Model(BaseModel):
     model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True, allow_inf_nan=False)
 
 
+# --------------------------------------------------------------------------------------------------
+# What goes on the wire as text: no character that would end a header or the request line
+# --------------------------------------------------------------------------------------------------
+
+# A URL, path or model name is written into the request line: a space or a control character there
+# ends it early, and urlsplit silently drops tabs and line breaks, so they are refused before it sees them.
+_NOT_IN_URL = re.compile(r"[\x00-\x20\x7f]")
+_NOT_IN_HEADER = re.compile(r"[\r\n\x00]")  # CR or LF would end the header and start another
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an RFC 9110 token
+UNSAFE = "unsafe_characters"  # the error type: load.py never echoes such a value (it may hold a secret)
+
+
+def _named(char: str) -> str:
+    return {"\r": "CR", "\n": "LF", "\x00": "NUL", " ": "a space", "\t": "a tab"}.get(char, f"U+{ord(char):04X}")
+
+
+def check_url_text(text: str, what: str = "a URL") -> str:
+    """`text`, unless it holds a space or a control character (it goes into the request line)."""
+    if found := _NOT_IN_URL.search(text):
+        raise PydanticCustomError(UNSAFE, f"{what} cannot contain {_named(found.group())} (control characters and "
+                                          "spaces would break the request line; percent-encode them, e.g. %20)")
+    return text
+
+
+def check_header_value(value: str) -> str:
+    """A header value (also an API key, a content type): no CR, LF or NUL, from wherever it came
+    (the file, --set, ${ENV}): sent as is, they would let the value add headers of its own."""
+    if found := _NOT_IN_HEADER.search(value):
+        raise PydanticCustomError(UNSAFE, f"a header value cannot contain {_named(found.group())} (it would end the "
+                                          "header and start another: header injection)")
+    return value
+
+
+def check_header_name(name: str) -> str:
+    if not _HEADER_NAME.fullmatch(name):
+        raise PydanticCustomError(UNSAFE, "a header name may use only letters, digits and !#$%&'*+-.^_`|~ (no "
+                                          "spaces, colons or control characters)")
+    return name
+
+
+def check_process_text(text: str) -> str:
+    """A command's word, an environment variable or a folder for a process: no NUL (the OS ends the
+    string there, and Python refuses to start the process at all)."""
+    if "\x00" in text:
+        raise PydanticCustomError(UNSAFE, "a command, environment value or folder cannot contain NUL")
+    return text
+
+
+ProcessText = Annotated[str, AfterValidator(check_process_text)]
+HeaderValue = Annotated[str, AfterValidator(check_header_value)]
+Headers = dict[Annotated[str, AfterValidator(check_header_name)], HeaderValue]
+"""A {name: value} header mapping whose names and values cannot smuggle in another header."""
+ModelName = Annotated[str, AfterValidator(lambda name: check_url_text(name, "a model name"))]  # KServe: in the path
+
+
 def check_http_url(url: str) -> str:
+    check_url_text(url)
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError("expected an http:// or https:// URL with a host, like http://127.0.0.1:8000")
@@ -146,6 +203,21 @@ def check_http_url(url: str) -> str:
     except ValueError:
         raise ValueError("the URL's port is not a number from 0 to 65535") from None
     return url
+
+
+def split_credentials(url: str) -> tuple[str, str | None]:
+    """(the URL without `user:password@`, the `Authorization: Basic ...` value they make, or None).
+
+    Written into a request as is, userinfo would go out in the Host header (`Host: user:pw@host`),
+    to the target and to every proxy's log; as basic authentication it is a header the scenario's
+    redaction knows to be a secret."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    token = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode()
+    return urlunsplit(parts._replace(netloc=host)), f"Basic {token}"
 
 
 def check_method(method: str) -> str:
@@ -159,7 +231,7 @@ def check_path(path: str) -> str:
     """A request path is appended to the URL as is, so "infer" would give "http://hostinfer"."""
     if path and not path.startswith("/"):
         raise ValueError(f"a path must start with '/' (write /{path})")
-    return path
+    return check_url_text(path, "a path")
 
 
 def check_unique(names: list[str], what: str) -> None:

@@ -30,7 +30,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from latscope.errors import ScenarioError
-from latscope.scenario.base import REFERENCE, DataPath, ProblemAt, dotted, model_field, unwrap
+from latscope.scenario.base import REFERENCE, UNSAFE, DataPath, ProblemAt, dotted, model_field, unwrap
 from latscope.scenario.phases import ARRIVAL_TYPES
 from latscope.scenario.redact import is_secret, redact_url
 from latscope.scenario.schema import Scenario
@@ -44,12 +44,7 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
     """
     label = str(path)
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ScenarioError(f"scenario file not found: {label}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScenarioError(f"cannot read scenario file {label}: {getattr(exc, 'strerror', None) or exc}") from None
+    text = _read_text(path, label)
 
     root, data = _parse_yaml(text, label)
     if not isinstance(data, dict):
@@ -87,15 +82,86 @@ def _build(data: dict, origin: _Origin) -> Scenario:
     except ValidationError as exc:
         _raise_problems(origin, _validation_problems(exc, data, origin, templates))
     scenario._templates = templates
+    scenario._origin = origin
     return scenario
+
+
+def _read_text(path: Path, label: str) -> str:
+    """The file's text, at most MAX_FILE_BYTES of it: PyYAML parses about a megabyte a second, so a
+    50 MB body would hold `validate` for a minute before saying anything."""
+    try:
+        with path.open("rb") as file:
+            raw = file.read(MAX_FILE_BYTES + 1)
+        if len(raw) > MAX_FILE_BYTES:
+            raise ScenarioError(f"{label}: the scenario file is over {MAX_FILE_BYTES >> 20} MiB, the limit; a scenario "
+                                "describes the load, large inputs belong in a dataset (workload.classes[].dataset) "
+                                "or a .npy file (tensors[].npy)")
+        return raw.decode("utf-8")
+    except FileNotFoundError:
+        raise ScenarioError(f"scenario file not found: {label}") from None
+    except IsADirectoryError:
+        raise ScenarioError(f"cannot read scenario file {label}: it is a directory") from None
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ScenarioError(f"{label}:{line}: the file is not UTF-8 text (byte 0x{raw[exc.start]:02x})") from None
+    except OSError as exc:
+        raise ScenarioError(f"cannot read scenario file {label}: {exc.strerror or exc}") from None
 
 
 # ---- YAML -----------------------------------------------------------------------------------------
 
 
+# What a scenario file may make. Every step after parsing (copying, interpolation, validation, a
+# body's JSON) walks the data in full, so these bound all of them: the file's size, how deep values
+# nest (composing recurses once per level), and how many values the document holds once its aliases
+# are expanded (a "billion laughs" file is ten lines of aliases standing for 10^9 values).
+MAX_FILE_BYTES = 4 << 20
+MAX_DEPTH = 100
+MAX_VALUES = 100_000
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that keeps dates as strings: `name: 2024-06-01` is a name, and a date object in a
-    request body could not be sent as JSON."""
+    """SafeLoader that keeps dates as strings (`name: 2024-06-01` is a name, and a date object in a
+    request body could not be sent as JSON), and refuses a document nested deeper than MAX_DEPTH or
+    holding more than MAX_VALUES values with its aliases expanded, at the line where it goes over."""
+
+    def __init__(self, text: str, label: str = "--set"):
+        super().__init__(text)
+        self.label = label
+        self._depth = self._values = 0
+        self._sizes: dict[int, int] = {}  # id of an anchored node -> values it stands for (once composed)
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            node = self.anchors.get(event.anchor)  # None: PyYAML reports the undefined alias
+            if node is not None:
+                if id(node) not in self._sizes:
+                    self._refuse(event, f"alias *{event.anchor} is used inside the value it names (a recursive structure)")
+                self._count(self._sizes[id(node)], event, f"with its aliases expanded, the file holds more than "
+                                                          f"{MAX_VALUES:,} values (an alias bomb?)")
+            return super().compose_node(parent, index)
+        if self._depth >= MAX_DEPTH:
+            self._refuse(event, f"values nested more than {MAX_DEPTH} levels deep")
+        self._depth, before = self._depth + 1, self._values
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        self._count(1, event, f"more than {MAX_VALUES:,} values; a scenario describes the load, large inputs "
+                              "belong in a dataset or a .npy file")
+        if event.anchor is not None:
+            self._sizes[id(node)] = self._values - before
+        return node
+
+    def _count(self, values: int, event: yaml.Event, message: str) -> None:
+        self._values += values
+        if self._values > MAX_VALUES:
+            self._refuse(event, message)
+
+    def _refuse(self, event: yaml.Event, message: str) -> NoReturn:
+        raise ScenarioError(f"{self.label}:{event.start_mark.line + 1}: {message}")
 
 
 _Loader.yaml_implicit_resolvers = {
@@ -106,7 +172,12 @@ _Loader.yaml_implicit_resolvers = {
 
 def _parse_yaml(text: str, label: str) -> tuple[yaml.Node | None, Any]:
     """The node tree (for line numbers) and the data built from it, from one parse."""
-    loader = _Loader(text)
+    try:
+        loader = _Loader(text, label)
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow (NUL, other controls)
+        line = text.count("\n", 0, exc.position) + 1
+        raise ScenarioError(f"{label}:{line}: invalid YAML: character U+{exc.character:04X} is not allowed in a YAML "
+                            "file (a NUL byte or another control character)") from None
     try:
         root = loader.get_single_node()
         if root is None:
@@ -191,7 +262,11 @@ def _apply_overrides(data: dict, overrides: Sequence[str]) -> tuple[dict, dict[D
         if not eq or not key.strip():
             raise ScenarioError(f"--set {override!r}: expected key.path=value, e.g. phases.0.arrival.rate=50")
         try:
-            value = yaml.load(raw, Loader=_Loader)
+            loader = _Loader(raw, f"--set {override!r}")
+            try:
+                value = loader.get_single_data()
+            finally:
+                loader.dispose()
         except yaml.YAMLError as exc:
             problem = getattr(exc, "problem", None) or exc
             raise ScenarioError(f"--set {override!r}: the value is not valid YAML ({problem}); quote it") from None
@@ -298,17 +373,35 @@ class _Origin:
         if override is None and not found:
             override = next((o for p, o in self.set_by.items() if p[: len(path)] == path), None)
         if override:
-            where = f"{self.label} (from --set {override})"
+            # The key only: the value may be a secret (the message shows a safe rendering of it, or none).
+            where = f"{self.label} (from --set {override.split('=', 1)[0]}=…)"
         else:
             where = f"{self.label}:{line}" if line else self.label
-        field_name = dotted(path)
+        # A mapping key may hold a line break (a hostile header name): escaped, it cannot forge a line.
+        field_name = dotted(path).encode("unicode_escape").decode("ascii") if _CONTROL.search(dotted(path)) else dotted(path)
         return (line if line else math.inf), f"{where}: {field_name + ': ' if field_name else ''}{message}"
+
+    def error(self, path: DataPath, message: str) -> ScenarioError:
+        """A problem found after validation (a file the field names, the plan it makes) as the
+        loader's own error: Scenario.problem."""
+        return _problems_error(self, [self.problem(path, message)])
+
+    def __getstate__(self) -> dict:
+        # Workers get the scenario pickled; they need no line numbers (the parent checked it all).
+        return {**self.__dict__, "root": None}
+
+    def __deepcopy__(self, memo: dict) -> _Origin:
+        return self  # never changed after loading: a copied scenario (capacity steps) shares it
+
+
+def _problems_error(origin: _Origin, problems: list[tuple[float, str]]) -> ScenarioError:
+    lines = list(dict.fromkeys(message for _, message in sorted(problems, key=lambda p: p[0])))
+    header = f"invalid scenario {origin.label} ({len(lines)} problem{'s' * (len(lines) != 1)}):"
+    return ScenarioError("\n".join([header, *lines]))
 
 
 def _raise_problems(origin: _Origin, problems: list[tuple[float, str]]) -> NoReturn:
-    lines = list(dict.fromkeys(message for _, message in sorted(problems, key=lambda p: p[0])))
-    header = f"invalid scenario {origin.label} ({len(lines)} problem{'s' * (len(lines) != 1)}):"
-    raise ScenarioError("\n".join([header, *lines]))
+    raise _problems_error(origin, problems)
 
 
 def _line_of(root: yaml.Node, path: DataPath) -> tuple[int, bool]:
@@ -382,6 +475,10 @@ def _validation_problems(exc: ValidationError, data: dict, origin: _Origin, temp
             else:
                 message = f"missing {tag!r} (one of: {expected})"
             show_input = False
+        elif kind == UNSAFE:  # never echoed: the value may be a secret, or came from the environment
+            show_input = False
+            names = [m.group("name") for m in REFERENCE.finditer(templates.get(path, "")) if m.group("name")]
+            message += f" (the value comes from ${{{'}, ${'.join(names)}}})" if names else ""
         elif kind == "value_error":
             message = message.removeprefix("Value error, ")
             cause = error.get("ctx", {}).get("error")

@@ -108,8 +108,8 @@ class TraceLengths(Model):
     prompt_column: str | None = None
     output_column: str | None = None
     scale: float = Field(1.0, gt=0)
-    max_prompt: int | None = Field(None, ge=1)
-    max_output: int | None = Field(None, ge=1)
+    max_prompt: int | None = Field(None, ge=1, le=2**31 - 1)  # lengths are int32 in the plan
+    max_output: int | None = Field(None, ge=1, le=2**31 - 1)
 
 
 class TraceArrival(Model):

@@ -12,10 +12,12 @@ Also here: the option sections of the protocols that have some (`openai:`, `kser
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Annotated, Any, Callable, Literal
 from urllib.parse import urlsplit
 
-from latscope.scenario.base import Model, check_http_url
+from pydantic import AfterValidator
+
+from latscope.scenario.base import Model, check_http_url, check_url_text
 
 DEFAULT_PROMPT_TOKENS = 32  # an openai class that gives neither prompt_tokens nor a dataset
 
@@ -35,12 +37,13 @@ class KServeOptions(Model):
     for inputs and outputs; `outputs` names the outputs to ask for (default: all)."""
 
     binary: bool = False
-    version: str | None = None
+    version: Annotated[str, AfterValidator(check_url_text)] | None = None  # goes into the path
     outputs: list[str] = []
 
 
 def check_grpc_url(url: str) -> str:
     """grpc:// (plain) or grpcs:// (TLS), a host and a port, no path."""
+    check_url_text(url)
     parts = urlsplit(url)
     if parts.scheme not in ("grpc", "grpcs") or not parts.hostname or parts.path not in ("", "/"):
         raise ValueError("kserve-v2-grpc needs a grpc://host:port (or grpcs:// for TLS) URL, like grpc://127.0.0.1:8001")

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import re
 from types import UnionType
-from typing import Any, Iterator, Union, get_args, get_origin
+from typing import Any, Iterator, Sequence, Union, get_args, get_origin
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel
@@ -109,16 +110,81 @@ def action_secrets(scenario: Scenario) -> list[str]:
     replaced whole. Values under 4 characters are left out: scrubbing them would blank ordinary digits."""
     found: set[str] = set()
     for path, template in scenario.templates.items():
-        if path[:1] != ("actions",):
-            continue
-        for match in REFERENCE.finditer(template):
-            if (name := match.group("name")) is None:
-                continue
-            value = os.environ.get(name)
-            found.add(match.group("default") if (value is None or value == "") and match.group("default") is not None
-                      else value or "")
+        if path[:1] == ("actions",):
+            found.update(_expansions(template))
     actions = scenario.model_dump(mode="json", by_alias=True, include={"actions"}).get("actions", [])
     found.update(value for path, value in _strings(actions, ("actions",)) if is_secret(path))
+    return _scrub_list(found)
+
+
+def secret_values(scenario: Scenario) -> list[str]:
+    """Every string of the scenario that must not appear in anything latscope writes or shows, and
+    so not in what a target sends back either (a server that echoes the API key in its error message):
+    action_secrets, and on the target's side the values of secret fields (api_key, credential-like
+    headers and launch env) — with the credential alone when a value is `<scheme> <credential>`
+    (`Bearer …`), since a target may echo either — what each `${VAR}` in such a field or in a URL's
+    userinfo expanded to, URL passwords and credential-like query parameter values. Longest first;
+    values under 4 characters left out (as action_secrets). Workers scrub with it before anything
+    leaves them (see `scrub`)."""
+    found = set(action_secrets(scenario))
+    for path, template in scenario.templates.items():
+        if is_secret(path):
+            found.update(_expansions(template))
+        elif redacts_url(path) and "@" in template:
+            found.update(_expansions(template.rsplit("@", 1)[0]))
+    for path, value in _strings(scenario.model_dump(mode="json", by_alias=True), ()):
+        if is_secret(path):
+            found.update(_credential(value))
+        elif redacts_url(path):
+            found.update(_url_secrets(value))
+    for c in range(len(scenario.workload.effective_classes())):  # what is sent: derived ones too (Basic from a URL)
+        endpoint = scenario.endpoint(c)
+        for name, value in [*endpoint.headers.items(), ("api_key", endpoint.api_key or "")]:
+            if CREDENTIAL_NAME.search(name):
+                found.update(_credential(value))
+    return _scrub_list(found)
+
+
+def _credential(value: str) -> tuple[str, str]:
+    """A credential as sent, and without its scheme (`Bearer <token>`: a target may echo either)."""
+    return value, value.split(" ", 1)[-1]
+
+
+def scrub(text: str, secrets: Sequence[str]) -> str:
+    """`text` with every one of `secrets` (secret_values, action_secrets: longest first) replaced by
+    <redacted>: the one way latscope keeps secrets out of what a target, a command or an error said."""
+    for secret in secrets:
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    return text
+
+
+def _expansions(template: str) -> Iterator[str]:
+    """What each `${VAR}` of `template` expands to now (its default when VAR is unset or empty)."""
+    for match in REFERENCE.finditer(template):
+        if (name := match.group("name")) is None:
+            continue
+        value = os.environ.get(name)
+        yield (match.group("default") if (value is None or value == "") and match.group("default") is not None
+               else value or "")
+
+
+def _url_secrets(url: str) -> Iterator[str]:
+    """A URL's password and its credential-like query parameter values."""
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    if password:
+        yield password
+    for match in _QUERY_PARAM.finditer(url):
+        if CREDENTIAL_NAME.search(match["key"]):
+            yield match["value"]
+
+
+def _scrub_list(found: set[str]) -> list[str]:
+    """Secrets to scrub: longest first, so a value holding another is replaced whole; none under 4
+    characters (scrubbing those would blank ordinary digits)."""
     return sorted((v for v in found if len(v) >= 4), key=len, reverse=True)
 
 

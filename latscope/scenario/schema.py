@@ -4,18 +4,23 @@ class resolves to."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Iterator
 
 from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
+from latscope.errors import ScenarioError
 from latscope.scenario.actions import Action, check_actions
-from latscope.scenario.base import NAME_RE, DataPath, Model, ProblemAt, check_unique
+from latscope.scenario.base import NAME_RE, DataPath, Model, ProblemAt, check_unique, dotted, split_credentials
 from latscope.scenario.phases import Phase
 from latscope.scenario.protocols import PROTOCOLS, ProtocolSpec
 from latscope.scenario.settings import GOODPUT, GOODPUT_OBJECTIVES, Goodput, Limits, Output, Slo, Validity
 from latscope.scenario.target import Endpoint, Target
 from latscope.scenario.telemetry import Telemetry
-from latscope.scenario.workload import Workload
+from latscope.scenario.workload import Workload, WorkloadClass
+
+MAX_SEED = 2**63 - 1
 
 
 class Scenario(Model):
@@ -23,7 +28,7 @@ class Scenario(Model):
 
     name: str | None = None  # load_scenario fills in the file's stem
     description: str = ""
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)  # numpy takes any integer >= 0; this range fits an int64 anywhere
     target: Target
     phases: list[Phase] = Field(min_length=1)
     workload: Workload = Workload()
@@ -41,6 +46,8 @@ class Scenario(Model):
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
     # data path -> the string as written before ${VAR} interpolation, for redacted_yaml
     _templates: dict[DataPath, str] = PrivateAttr(default_factory=dict)
+    # The loader's record of where each value came from (load.py's _Origin): Scenario.problem
+    _origin: Any = PrivateAttr(default=None)
 
     @field_validator("name")
     @classmethod
@@ -115,6 +122,11 @@ class Scenario(Model):
         return out
 
     @model_validator(mode="after")
+    def _requests_fit_limits(self) -> Scenario:
+        self.workload.check_sizes(self.limits.max_body_bytes)
+        return self
+
+    @model_validator(mode="after")
     def _classes_fit_their_protocol(self) -> Scenario:
         for i, cls in enumerate(self.workload.effective_classes()):
             where: DataPath = ("workload", "classes", i) if self.workload.classes else ("target",)
@@ -131,7 +143,21 @@ class Scenario(Model):
                 raise ProblemAt(where, f"protocol {protocol} needs tensors (the inputs to send)")
             if cls.protocol is not None and cls.url is None and not _takes(spec, self.target.url):
                 raise ProblemAt(where, f"a class that switches to {protocol} needs its own url ({spec.url_example})")
+            self._credentials_once(cls, where)
         return self
+
+    def _credentials_once(self, cls: WorkloadClass, where: DataPath) -> None:
+        """URL userinfo becomes basic authentication (endpoint()); with an Authorization header or an
+        api_key as well, one would silently replace the other."""
+        url_path = (*where, "url") if cls.url is not None else ("target", "url")
+        if split_credentials(cls.url or self.target.url)[1] is None:
+            return
+        if self.target.api_key is not None:
+            raise ProblemAt(url_path, "the URL holds user:password@ (sent as basic authentication) and target.api_key is "
+                                      "set too: give the credentials once")
+        if any(name.lower() == "authorization" for name in (*self.target.headers, *cls.headers)):
+            raise ProblemAt(url_path, "the URL holds user:password@ (sent as basic authentication) and an Authorization "
+                                      "header is given too: give the credentials once")
 
     def endpoint(self, cls: int) -> Endpoint:
         """Where and how requests of workload class `cls` go: the class's settings over the target's,
@@ -147,18 +173,37 @@ class Scenario(Model):
             path = t.path
         else:
             path = spec.default_path(model, openai, kserve)
+        url, basic_auth = split_credentials(c.url or t.url)  # never sent in the Host header
         return Endpoint(
             protocol=protocol,
-            url=c.url or t.url,
+            url=url,
             method=c.method or spec.default_method or t.method,
             path=path,
-            headers={**t.headers, **c.headers},
+            headers={**t.headers, **c.headers, **({"Authorization": basic_auth} if basic_auth else {})},
             timeout=t.timeout,
             model=model,
             api_key=t.api_key,
             openai=openai,
             kserve=kserve,
         )
+
+    def problem(self, path: DataPath, message: str) -> ScenarioError:
+        """The error for a problem found after validation, about the field at `path` (a file it
+        names does not load; the plan it makes is too big): "file:LINE: dotted.path: message", as
+        the loader words its own, so the user is sent to the line to change and not only told
+        what is wrong with, say, a trace file."""
+        if self._origin is None:  # built without the loader (Scenario(...), model_validate)
+            return ScenarioError(f"invalid scenario: {dotted(path)}: {message}")
+        return self._origin.error(path, message)
+
+    @contextmanager
+    def about(self, path: DataPath) -> Iterator[None]:
+        """Within it, a ScenarioError (a file the field at `path` names does not load) is reraised
+        as Scenario.problem: the data file's own message, after the scenario's file:line:field."""
+        try:
+            yield
+        except ScenarioError as exc:
+            raise self.problem(path, str(exc)) from None
 
     @property
     def templates(self) -> dict[DataPath, str]:

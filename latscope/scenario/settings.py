@@ -14,7 +14,8 @@ from latscope.scenario.base import Duration, Model
 
 class Limits(Model):
     """Caps on the generator, and how it keeps time. Past `max_in_flight`, requests wait for a slot
-    ("queue") or are dropped. `timer: precise` sends within microseconds of the schedule at the cost
+    ("queue") or are dropped. The `max_planned_requests`, `max_body_bytes` and `max_prompt_tokens`
+    bounds make an absurd scenario an error (exit 2) rather than a run that runs out of memory. `timer: precise` sends within microseconds of the schedule at the cost
     of up to 1 ms of CPU per request; `coarse` uses event-loop timers only (about 1 ms late at p99,
     no CPU while idle): pick it when the generator shares a small machine with the target."""
 
@@ -22,6 +23,16 @@ class Limits(Model):
     max_requests: int | None = Field(None, ge=1)
     overflow: Literal["queue", "drop"] = "queue"
     timer: Literal["precise", "coarse"] = "precise"
+    # What a scenario may ask for, checked before anything is built: a typo (`rate: 1e12`, `duration:
+    # 1e9s`, a tensor shape with a zero too many) is then a message naming the field and the limit,
+    # not a generator that eats the machine's memory. The plan holds ~28 bytes a request in every
+    # process (10 M: ~300 MB, an hour at 2,800 req/s); raise the limits for a bigger machine.
+    max_planned_requests: int = Field(10_000_000, ge=1)  # requests the phases plan, all together (expected count)
+    max_body_bytes: int = Field(16 << 20, ge=1)  # one request's body as sent, or its input tensors' bytes
+    max_prompt_tokens: int = Field(1_000_000, ge=1)  # one request's prompt (a synthetic one is ~5 bytes a token)
+    # The most one response may be (head and body, as read), per request: a target whose answer never
+    # ends or is enormous makes that request a `protocol` error instead of filling a worker's memory.
+    max_response_bytes: int = Field(64 << 20, ge=1)
 
 
 SLO_RUN_STATS = ("error_rate", "throughput")  # of the whole run, not of a metric

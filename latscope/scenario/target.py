@@ -6,21 +6,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
-from pydantic import ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
-from latscope.scenario.base import (SECRET, SECRET_BY_NAME, URL_CREDENTIALS, Duration, Model, PositiveDuration,
-                                    check_http_url, check_method, check_path)
+from latscope.scenario.base import (SECRET, SECRET_BY_NAME, URL_CREDENTIALS, Duration, Headers, HeaderValue, Model,
+                                    ModelName, PositiveDuration, ProcessText, check_http_url, check_method, check_path)
 from latscope.scenario.protocols import KServeOptions, OpenAIOptions, Protocol, check_url
 
 
 class Launch(Model):
     """A target process latscope starts before the run and stops after it."""
 
-    command: str | list[str]  # a string is split with shlex when the target is launched
+    command: ProcessText | list[ProcessText]  # a string is split with shlex when the target is launched
     ready_url: Annotated[str | None, URL_CREDENTIALS] = None
     ready_timeout: Duration = 60.0
-    env: Annotated[dict[str, str], SECRET_BY_NAME] = {}
-    cwd: str | None = None  # relative to the scenario file's folder
+    env: Annotated[dict[ProcessText, ProcessText], SECRET_BY_NAME] = {}
+    cwd: ProcessText | None = None  # relative to the scenario file's folder
+    # Cores the target keeps to itself (Linux): it is pinned to the last `cpus` cores, latscope and its
+    # workers to the rest, and the default worker count is what is left. On a small machine a target
+    # that spreads over every core preempts the workers and makes latscope late (send lag).
+    cpus: int | None = Field(None, ge=1)
 
     @field_validator("command")
     @classmethod
@@ -42,10 +46,10 @@ class Target(Model):
     url: Annotated[str, URL_CREDENTIALS]
     method: str = "GET"
     path: str = ""  # default for openai: /v1/chat/completions or /v1/completions; kserve-v2: /v2/models/<model>/infer
-    headers: Annotated[dict[str, str], SECRET_BY_NAME] = {}  # also gRPC metadata (lower-cased) for kserve-v2-grpc
+    headers: Annotated[Headers, SECRET_BY_NAME] = {}  # also gRPC metadata (lower-cased) for kserve-v2-grpc
     timeout: PositiveDuration = 30.0
-    model: str | None = None  # the `model` of OpenAI requests; the model name of KServe v2 requests
-    api_key: Annotated[str | None, SECRET] = None  # sent as "Authorization: Bearer ..."; use ${ENV}, never a literal
+    model: ModelName | None = None  # the `model` of OpenAI requests; the model name of KServe v2 requests
+    api_key: Annotated[HeaderValue | None, SECRET] = None  # sent as "Authorization: Bearer ..."; use ${ENV}, never a literal
     openai: OpenAIOptions = OpenAIOptions()
     kserve: KServeOptions = KServeOptions()
     launch: Launch | None = None

@@ -4,26 +4,32 @@ or a dataset (openai), input tensors (kserve-v2). workload.py draws the lengths 
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Annotated, Any, Literal, Union, get_args
 
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
-from latscope.scenario.base import NAME_RE, SECRET_BY_NAME, Model, check_method, check_path, check_unique
+from latscope.scenario.base import (NAME_RE, SECRET_BY_NAME, URL_CREDENTIALS, Headers, HeaderValue, Model, ModelName,
+                                    ProblemAt, check_method, check_path, check_unique)
 from latscope.scenario.protocols import KServeOptions, OpenAIOptions, Protocol, check_url
 from latscope.scenario.settings import Goodput
 
 
+MAX_LENGTH = 2**31 - 1  # lengths are int32 in the plan; limits.max_prompt_tokens is the practical bound
+
+
 class FixedLength(Model):
     dist: Literal["fixed"] = "fixed"
-    value: int = Field(ge=1)
+    value: int = Field(ge=1, le=MAX_LENGTH)
 
 
 class UniformLength(Model):
     """Uniform integers from `min` to `max`, both included."""
 
     dist: Literal["uniform"] = "uniform"
-    min: int = Field(ge=1)
-    max: int = Field(ge=1)
+    min: int = Field(ge=1, le=MAX_LENGTH)
+    max: int = Field(ge=1, le=MAX_LENGTH)
 
     @model_validator(mode="after")
     def _ordered(self) -> UniformLength:
@@ -38,8 +44,8 @@ class NormalLength(Model):
     dist: Literal["normal"] = "normal"
     mean: float = Field(gt=0)
     std: float = Field(ge=0)
-    min: int = Field(1, ge=1)
-    max: int | None = Field(None, ge=1)
+    min: int = Field(1, ge=1, le=MAX_LENGTH)
+    max: int | None = Field(None, ge=1, le=MAX_LENGTH)
 
 
 class LognormalLength(Model):
@@ -49,8 +55,8 @@ class LognormalLength(Model):
     dist: Literal["lognormal"] = "lognormal"
     mean: float = Field(gt=0)
     std: float = Field(gt=0)
-    min: int = Field(1, ge=1)
-    max: int | None = Field(None, ge=1)
+    min: int = Field(1, ge=1, le=MAX_LENGTH)
+    max: int | None = Field(None, ge=1, le=MAX_LENGTH)
 
 
 class EmpiricalLength(Model):
@@ -79,6 +85,14 @@ def _length(value: Any) -> Any:
 Length = Annotated[LengthDist, BeforeValidator(_length)]
 
 
+def body_bytes(body: Any) -> int:
+    """The size of a body as the http client sends it: a mapping or list as compact JSON, anything
+    else as its text."""
+    if isinstance(body, (dict, list)):
+        return len(json.dumps(body, separators=(",", ":")).encode())
+    return len(str(body).encode())
+
+
 class Dataset(Model):
     """Prompts from a JSONL file: `format: text` takes the string in `field` of each line;
     `format: sharegpt` takes each conversation's first human turn (`conversations[].from/value`)."""
@@ -88,12 +102,15 @@ class Dataset(Model):
     field: str = "text"
 
 
+DATATYPE_BYTES = {"BOOL": 1, "INT8": 1, "INT16": 2, "INT32": 4, "INT64": 8, "UINT8": 1, "UINT16": 2, "UINT32": 4,
+                  "UINT64": 8, "FP16": 2, "FP32": 4, "FP64": 8}  # KServe v2 datatypes, bytes per element
+
+
 class TensorSpec(Model):
     """One input tensor of a KServe v2 request: random values (seeded) or the contents of a .npy file."""
 
     name: str = Field(min_length=1)
-    datatype: Literal["BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64",
-                      "FP16", "FP32", "FP64"] = "FP32"
+    datatype: Literal[tuple(DATATYPE_BYTES)] = "FP32"  # type: ignore[valid-type]
     shape: list[Annotated[int, Field(ge=1)]] = Field(default=[], min_length=0)
     npy: str | None = None  # a .npy file; its shape and dtype win
     low: float = 0.0  # random values are uniform in [low, high) (integers: high excluded)
@@ -119,11 +136,11 @@ class WorkloadClass(Model):
     name: str
     weight: float = Field(1.0, gt=0)
     protocol: Protocol | None = None
-    url: str | None = None
+    url: Annotated[str | None, URL_CREDENTIALS] = None
     method: str | None = None
     path: str | None = None
-    headers: Annotated[dict[str, str], SECRET_BY_NAME] = {}
-    model: str | None = None
+    headers: Annotated[Headers, SECRET_BY_NAME] = {}
+    model: ModelName | None = None
     openai: OpenAIOptions | None = None
     kserve: KServeOptions | None = None
     body: Any = None
@@ -172,7 +189,7 @@ class Workload(Model):
     """Request bodies and classes. A mapping or list body is sent as JSON, a string as is."""
 
     body: Any = None
-    content_type: str | None = None
+    content_type: HeaderValue | None = None
     classes: list[WorkloadClass] = []
 
     @field_validator("classes")
@@ -180,6 +197,23 @@ class Workload(Model):
     def _unique_names(cls, classes: list[WorkloadClass]) -> list[WorkloadClass]:
         check_unique([c.name for c in classes], "class")
         return classes
+
+    def check_sizes(self, limit: int) -> None:
+        """Each body (as sent) and each class's random input tensors within `limit` bytes (limits.
+        max_body_bytes), before a worker builds one: a shape of [100000, 100000, 100] is 4 TB."""
+        bodies = [(("workload", "body"), self.body), *((("workload", "classes", i, "body"), c.body)
+                                                         for i, c in enumerate(self.classes))]
+        for path, body in bodies:
+            if body is not None and (size := body_bytes(body)) > limit:
+                raise ProblemAt(path, f"the body is {size:,} bytes as sent; the limit is {limit:,} (limits.max_body_bytes)")
+        for i, cls in enumerate(self.classes):
+            total = 0
+            for j, tensor in enumerate(cls.tensors):
+                total += math.prod(tensor.shape) * DATATYPE_BYTES[tensor.datatype] if tensor.npy is None else 0
+                if total > limit:
+                    raise ProblemAt(("workload", "classes", i, "tensors", j, "shape"),
+                                    f"the class's input tensors come to {total:,} bytes a request; the limit is "
+                                    f"{limit:,} (limits.max_body_bytes)")
 
     def effective_classes(self) -> list[WorkloadClass]:
         """The classes requests are drawn from: one class named "default" when none are given."""

@@ -8,14 +8,13 @@ counter is turned into a per-second rate between two scrapes.
 
 from __future__ import annotations
 
-import base64
 import time
 import urllib.request
-from urllib.parse import unquote, urlsplit, urlunsplit
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from latscope.scenario.base import split_credentials
 from latscope.scenario.telemetry import PrometheusMetric
 from latscope.telemetry import Sample
 from latscope.telemetry.mappings import DEVICE_HEADER, MAPPINGS
@@ -59,23 +58,13 @@ def parse(text: str, mapping: dict[str, PrometheusMetric], fallback_device: str 
     return out
 
 
-def _split_credentials(url: str) -> tuple[str, dict[str, str]]:
-    """(URL without user:password@, headers): urllib does not send a URL's credentials by itself, so
-    they go as HTTP basic authentication."""
-    parts = urlsplit(url)
-    if parts.username is None:
-        return url, {}
-    host = (f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname) + (f":{parts.port}" if parts.port else "")
-    token = base64.b64encode(f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()).decode()
-    return urlunsplit(parts._replace(netloc=host)), {"Authorization": f"Basic {token}"}
-
-
 class PrometheusSampler:
     """One endpoint. `sample()` scrapes once (at most `timeout` seconds) and maps what it finds."""
 
     def __init__(self, name: str, url: str, mapping: str | dict[str, Any], timeout: float = 2.0):
         self.name, self.timeout = name, timeout
-        self.url, self.headers = _split_credentials(url)
+        self.url, basic = split_credentials(url)  # urllib does not send a URL's userinfo by itself
+        self.headers = {"Authorization": basic} if basic else {}
         self.mapping, self.device_header = resolve_mapping(mapping)
         self._rated = {entry.metric for entry in self.mapping.values() if entry.rate}
         self._last: dict[tuple[str, str], tuple[float, float]] = {}  # counter key -> (monotonic s, total)

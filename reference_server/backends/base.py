@@ -23,6 +23,11 @@ class BackendUnavailable(RuntimeError):
     """The requested backend cannot run on this machine; the message says why and what to use instead."""
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, where the OS has one; else every core)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 class Backend(ABC):
     """Runs one model: load() once, then run() batches from a single thread."""
 
@@ -30,9 +35,10 @@ class Backend(ABC):
     platform: str  # the model platform as KServe v2 metadata names it
 
     def __init__(self, model_path: Path, threads: int | None = None) -> None:
-        """`threads`: CPU threads the backend may use for one run (None: one per core)."""
+        """`threads`: CPU threads the backend may use for one run (None: one per core this process
+        may run on, so a server pinned to one core does not run two threads on it)."""
         self.model_path = model_path
-        self.threads = threads or os.cpu_count() or 1
+        self.threads = threads or usable_cores()
         self.signature: Signature = read_signature(model_path)
 
     @abstractmethod

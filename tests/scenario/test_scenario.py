@@ -253,7 +253,7 @@ name: secrets
 target:
   url: http://bob:hunter2@127.0.0.1:9/v1?api_key=k3y&model=m
   headers:
-    Authorization: "Bearer ${API_KEY}"
+    Proxy-Authorization: "Bearer ${API_KEY}"  # not Authorization: the URL's user:password@ is that
     X-Model: "${MODEL:-llama}"
     Cookie: session=literal-cookie
   launch:
@@ -277,7 +277,7 @@ def test_interpolation_with_defaults_and_the_redacted_dump(tmp_path, monkeypatch
     monkeypatch.delenv("PORT", raising=False)
     s = load_scenario(write(tmp_path, SECRETS))
 
-    assert s.target.headers == {"Authorization": "Bearer sk-very-secret", "X-Model": "llama", "Cookie": "session=literal-cookie"}
+    assert s.target.headers == {"Proxy-Authorization": "Bearer sk-very-secret", "X-Model": "llama", "Cookie": "session=literal-cookie"}
     assert s.phases[0].duration == 120.0 and s.phases[0].arrival.rate == 5.0
     assert s.target.launch.env["PORT"] == "8000"
 
@@ -286,7 +286,7 @@ def test_interpolation_with_defaults_and_the_redacted_dump(tmp_path, monkeypatch
         assert secret not in dump
     resolved = yaml.safe_load(dump)
     headers = resolved["target"]["headers"]
-    assert headers == {"Authorization": "Bearer ${API_KEY}", "X-Model": "${MODEL:-llama}", "Cookie": "<redacted>"}
+    assert headers == {"Proxy-Authorization": "Bearer ${API_KEY}", "X-Model": "${MODEL:-llama}", "Cookie": "<redacted>"}
     assert resolved["target"]["url"] == "http://bob:<redacted>@127.0.0.1:9/v1?api_key=<redacted>&model=m"
     assert resolved["target"]["launch"]["env"] == {"HF_TOKEN": "<redacted>", "PORT": "${PORT:-8000}"}
     assert resolved["target"]["launch"]["command"] == ["${PYTHON:-python3}", "-m", "server"]
@@ -373,7 +373,7 @@ def test_bad_overrides_name_the_override(override, expected):
 def test_an_invalid_value_from_set_says_so_instead_of_a_line(tmp_path):
     path = write(tmp_path, MINIMAL)
     message = error_of(path, ("phases.0.arrival.rate=-5", "limits.max_in_flight=1"))
-    assert (f"{path} (from --set phases.0.arrival.rate=-5): phases[0].arrival.rate: "
+    assert (f"{path} (from --set phases.0.arrival.rate=…): phases[0].arrival.rate: "
             "Input should be greater than 0 (got -5)") in message
     assert "(1 problem)" in message
 
