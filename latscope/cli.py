@@ -127,7 +127,7 @@ def baseline_save(results_dir: Path, path: Path, metrics: tuple[str, ...]) -> No
 @click.argument("scenario_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Results directory (default: output.dir/<scenario>-<UTC time>).")
 @_set_option
-@click.option("--workers", type=click.IntRange(min=1), help="Worker processes (default: one per CPU core).")
+@click.option("--workers", type=click.IntRange(min=1), help="Worker processes (default: one per CPU core, less those target.launch.cpus keeps for the target).")
 @click.option("--quiet", is_flag=True, help="No live progress.")
 @click.option("--gate", "run_gate", is_flag=True, help="Gate the run at the end (exit codes as `latscope gate`).")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
@@ -199,7 +199,7 @@ class _DurationType(click.ParamType):
 @click.option("--price-per-hour", type=click.FloatRange(0, min_open=True),
               help="The endpoint's price per hour (e.g. its GPU hours): cost per 1,000 requests and per 1M output tokens.")
 @_set_option
-@click.option("--workers", type=click.IntRange(min=1), help="Worker processes per step (default: one per CPU core).")
+@click.option("--workers", type=click.IntRange(min=1), help="Worker processes per step (default: one per CPU core, less those target.launch.cpus keeps for the target).")
 @click.option("--quiet", is_flag=True, help="Only a line per step.")
 def capacity(scenario_file: Path, out: Path | None, precision: float, min_rate: float | None, max_rate: float | None,
              max_steps: int, step_duration: float | None, confidence: float, price_per_hour: float | None,
