@@ -261,26 +261,27 @@ def _apply_overrides(data: dict, overrides: Sequence[str]) -> tuple[dict, dict[D
         key, eq, raw = override.partition("=")
         if not eq or not key.strip():
             raise ScenarioError(f"--set {override!r}: expected key.path=value, e.g. phases.0.arrival.rate=50")
+        shown = f"{key.strip()}=…"  # messages name the key, never the value: it may be a secret
         try:
-            loader = _Loader(raw, f"--set {override!r}")
+            loader = _Loader(raw, f"--set {shown!r}")
             try:
                 value = loader.get_single_data()
             finally:
                 loader.dispose()
         except yaml.YAMLError as exc:
             problem = getattr(exc, "problem", None) or exc
-            raise ScenarioError(f"--set {override!r}: the value is not valid YAML ({problem}); quote it") from None
-        path = _set_path(data, key.strip(), value, override)
+            raise ScenarioError(f"--set {shown!r}: the value is not valid YAML ({problem}); quote it") from None
+        path = _set_path(data, key.strip(), value, shown)
         # A later override of a parent replaces what earlier ones wrote below it.
         set_by = {p: o for p, o in set_by.items() if p[: len(path)] != path}
-        set_by[path] = override
+        set_by[path] = shown
     return data, set_by
 
 
-def _set_path(data: dict, key: str, value: Any, override: str) -> DataPath:
+def _set_path(data: dict, key: str, value: Any, shown: str) -> DataPath:
     parts = key.split(".")
     if any(not part for part in parts):
-        raise ScenarioError(f"--set {override!r}: empty component in the key path {key!r}")
+        raise ScenarioError(f"--set {shown!r}: empty component in the key path {key!r}")
     node: Any = data
     path: list[str | int] = []
     for i, part in enumerate(parts):
@@ -292,18 +293,18 @@ def _set_path(data: dict, key: str, value: Any, override: str) -> DataPath:
                 node[step] = value
             elif not isinstance(node.get(step), (dict, list)):
                 if node.get(step) is not None:
-                    raise ScenarioError(f"--set {override!r}: {'.'.join(parts[: i + 1])} is {_yaml_type(node[step])}, not a mapping or list")
+                    raise ScenarioError(f"--set {shown!r}: {'.'.join(parts[: i + 1])} is {_yaml_type(node[step])}, not a mapping or list")
                 node[step] = {}  # create the missing mapping
         elif isinstance(node, list):
             if not re.fullmatch(r"\d+", part):
-                raise ScenarioError(f"--set {override!r}: {where} is a list; expected an index, not {part!r}")
+                raise ScenarioError(f"--set {shown!r}: {where} is a list; expected an index, not {part!r}")
             step = int(part)
             if step >= len(node):
-                raise ScenarioError(f"--set {override!r}: index {step} is out of range ({where} has {len(node)} item{'s' * (len(node) != 1)})")
+                raise ScenarioError(f"--set {shown!r}: index {step} is out of range ({where} has {len(node)} item{'s' * (len(node) != 1)})")
             if last:
                 node[step] = value
         else:
-            raise ScenarioError(f"--set {override!r}: {where} is {_yaml_type(node)}, not a mapping or list")
+            raise ScenarioError(f"--set {shown!r}: {where} is {_yaml_type(node)}, not a mapping or list")
         path.append(step)
         if not last:
             node = node[step]
@@ -363,7 +364,7 @@ class _Origin:
 
     label: str  # the file as the user named it, or scenario_from_dict's `source`
     root: yaml.Node | None = None  # the composed YAML (None when built from a dict)
-    set_by: dict[DataPath, str] = field(default_factory=dict)  # data path -> the --set that wrote it
+    set_by: dict[DataPath, str] = field(default_factory=dict)  # data path -> the --set that wrote it ("key=…")
 
     def problem(self, path: DataPath, message: str) -> tuple[float, str]:
         """(sort key, message line): "file:LINE: dotted.path: message"."""
@@ -373,8 +374,7 @@ class _Origin:
         if override is None and not found:
             override = next((o for p, o in self.set_by.items() if p[: len(path)] == path), None)
         if override:
-            # The key only: the value may be a secret (the message shows a safe rendering of it, or none).
-            where = f"{self.label} (from --set {override.split('=', 1)[0]}=…)"
+            where = f"{self.label} (from --set {override})"
         else:
             where = f"{self.label}:{line}" if line else self.label
         # A mapping key may hold a line break (a hostile header name): escaped, it cannot forge a line.
