@@ -40,6 +40,12 @@ per request):
   the first N then hides it). If the first N and the M steady requests were alike (exchangeable),
   the first N would hold the largest of all of them with probability N / (N + M), and exceed it by
   half again far more rarely; `cold_by` says which rule fired.
+- *Peers*: a replica is judged against its peers. Starting a replica costs the machine CPU
+  (imports, model load, warm-up) and slows every replica for a while; when the other replicas' p50
+  over the new one's first window was s times their own p50 over its steady span
+  (`peers_slowdown_p50`, s > 1), both rules above take 1.5 × s instead of 1.5: a slowdown its peers
+  shared is the machine's, not the replica's cold start (a model load, many times the steady
+  latency, still shows).
 
 Warm-up phases are analysed too, and their starts (and replicas first seen during one) are
 flagged "warmup": True.
@@ -48,6 +54,7 @@ flagged "warmup": True.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 
@@ -89,12 +96,16 @@ def cold_starts(run: RunData, first_n: int = FIRST_N) -> list[dict]:
     for event in run.events:
         if event.get("event") == "replica_first_seen" and None not in (event.get("replica"), event.get("t_s")):
             first_seen.setdefault(replica_class(str(event["replica"])), (float(event["t_s"]), str(event["replica"])))
-    for replica, intervals in metric_intervals(run, REPLICA_METRIC).items():
-        if replica == OTHER_REPLICAS or not len(intervals):
-            continue
+    replicas = {r: iv for r, iv in metric_intervals(run, REPLICA_METRIC).items() if r != OTHER_REPLICAS and len(iv)}
+    for replica, intervals in replicas.items():
         at_s, sent_as = first_seen.get(replica, (float(intervals.start_s[0]), replica))
         entry = _analyse(intervals, at_s, math.inf, first_n)
         if entry is not None:
+            peers = [iv for r, iv in replicas.items() if r != replica]
+            shared = _peers_slowdown(peers, at_s, entry["first_until_s"], entry["steady_from_s"], first_n)
+            if entry["cold"] and shared is not None and shared > 1:
+                entry = _analyse(intervals, at_s, math.inf, first_n, shared)
+            entry["peers_slowdown_p50"] = None if shared is None else round(shared, 3)
             phase = run.phase_at(at_s)
             starts.append({"kind": "replica", "label": replica, "metric": REPLICA_METRIC, "class": replica,
                            "warmup": bool(phase and phase.get("warmup")), "replica": sent_as, **entry})
@@ -102,8 +113,9 @@ def cold_starts(run: RunData, first_n: int = FIRST_N) -> list[dict]:
     return starts
 
 
-def _analyse(intervals: ClassIntervals, at_s: float, end_s: float, first_n: int) -> dict | None:
-    """The cold-start numbers of the segment [at_s, end_s) of `intervals` (None when it holds no value)."""
+def _analyse(intervals: ClassIntervals, at_s: float, end_s: float, first_n: int, shared: float = 1.0) -> dict | None:
+    """The cold-start numbers of the segment [at_s, end_s) of `intervals` (None when it holds no value);
+    `shared`: a slowdown the peers saw too, which the p50 rule allows for (see the module docstring)."""
     ends = intervals.start_s + intervals.length_s
     positions = np.flatnonzero((ends > at_s) & (intervals.start_s < end_s))
     totals = intervals.totals[positions]
@@ -142,9 +154,10 @@ def _analyse(intervals: ClassIntervals, at_s: float, end_s: float, first_n: int)
     if steady["count"] and steady["p50_ms"] > 0:
         steady_p50 = steady["p50_ms"]
         entry["slowdown_p50"] = round(first["p50_ms"] / steady_p50, 3)
-        if first["p50_ms"] > COLD_RATIO * steady_p50:
+        ratio = COLD_RATIO * max(1.0, shared)
+        if first["p50_ms"] > ratio * steady_p50:
             entry["cold_by"] = "p50"
-        elif first["max_ms"] > COLD_RATIO * steady["max_ms"]:
+        elif first["max_ms"] > ratio * steady["max_ms"]:
             entry["cold_by"] = "max"
         entry["cold"] = entry["cold_by"] is not None
         windows = _windows(totals, first_n)
@@ -179,6 +192,31 @@ def _analyse(intervals: ClassIntervals, at_s: float, end_s: float, first_n: int)
             entry["suffered_s"] = suffered
             entry["affected_requests"] = int(totals[intervals.start_s[positions] < at_s + suffered].sum()) if suffered else 0
     return entry
+
+
+def _peers_slowdown(peers: list[ClassIntervals], at_s: float, first_until_s: float, steady_from_s: float | None,
+                    first_n: int) -> float | None:
+    """The other replicas' p50 over a replica's first window [at_s, first_until_s) over their p50 from
+    its steady_from_s on (None without peers, a steady span, or half of first_n values in either)."""
+    if steady_from_s is None:
+        return None
+
+    def p50(span: Callable[[ClassIntervals], np.ndarray]) -> float | None:
+        merged = None
+        for peer in peers:
+            chosen = np.flatnonzero(span(peer))
+            if not len(chosen):
+                continue
+            if merged is None:
+                merged = peer.merged(chosen)
+            else:
+                merged.add(peer.merged(chosen))
+        summary = summarize(merged) if merged is not None else {"count": 0}
+        return summary["p50_ms"] if summary["count"] >= first_n / 2 and summary["p50_ms"] > 0 else None
+
+    first = p50(lambda iv: (iv.start_s + iv.length_s > at_s) & (iv.start_s < first_until_s))
+    steady = p50(lambda iv: iv.start_s >= steady_from_s)
+    return None if first is None or steady is None else first / steady
 
 
 def _windows(totals: np.ndarray, first_n: int) -> list[tuple[int, int]]:
@@ -235,7 +273,8 @@ def cold_start_summary(run: RunData, first_n: int = FIRST_N) -> dict:
 
 
 _VERDICT_KEYS = ("first_count", "first_p50_ms", "first_max_ms", "steady_count", "steady_p50_ms", "steady_max_ms",
-                 "slowdown_p50", "time_to_steady_s", "slow_for_s", "suffered_s", "affected_requests", "cold", "cold_by")
+                 "slowdown_p50", "peers_slowdown_p50", "time_to_steady_s", "slow_for_s", "suffered_s", "affected_requests",
+                 "cold", "cold_by")
 
 
 def _verdict(entry: dict | None) -> dict:

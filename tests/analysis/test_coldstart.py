@@ -182,3 +182,29 @@ def test_a_noisy_steady_state_raises_the_ceiling_to_its_own_worst_window(tmp_pat
     assert start["steady_ceiling_ms"] == hdr_ms([20 * MS])["p50_ms"]
     assert start["cold"] is True and start["slow_for_s"] == 1.0 and start["suffered_s"] == 1.0
     assert start["time_to_steady_s"] == 1.0
+
+
+def busy_start(peers_too: bool):
+    """A replica first seen at 5 s whose first 20 requests took 20 ms, then 10 ms; its peer, there from
+    the start at 10 ms, took 20 ms over the same two seconds too when `peers_too` (the machine was busy
+    starting the new replica), else stayed at 10 ms."""
+    def record(k, rec, phase):
+        slow = k in (5, 6)
+        record_all(rec, REPLICA_METRIC, "r0", [(20 if slow and peers_too else 10) * MS] * 10, phase.warmup)
+        record_all(rec, REPLICA_METRIC, "r1", [(20 if slow else 10) * MS] * 10 if k >= 5 else [], phase.warmup)
+        record_all(rec, "latency", "default", [10 * MS] * 20, phase.warmup)
+    return record
+
+
+@pytest.mark.parametrize("peers_too, shared, cold_by", [
+    (False, 1.0, "p50"),  # only the new replica was slow: its own cold start
+    (True, 2.0, None),    # every replica was twice as slow then: the machine's slowdown, not the replica's
+])
+def test_a_slowdown_its_peers_shared_is_not_a_replicas_cold_start(tmp_path, peers_too, shared, cold_by):
+    path = write_run(tmp_path / "run", [("main", 0.0, 12.0, False)], busy_start(peers_too),
+                     events=[{"event": "replica_first_seen", "t_s": 0.0, "replica": "r0"},
+                             {"event": "replica_first_seen", "t_s": 5.0, "replica": "r1"}])
+    new = {s["label"]: s for s in cold_starts(load_run(path), first_n=20)}["r1"]
+    assert new["first_p50_ms"] == hdr_ms([20 * MS])["p50_ms"] and new["slowdown_p50"] == 2.0
+    assert new["peers_slowdown_p50"] == shared
+    assert (new["cold_by"], new["cold"]) == (cold_by, cold_by is not None)
