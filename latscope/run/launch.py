@@ -23,6 +23,8 @@ from typing import Callable, Iterator
 
 from latscope.errors import RunError
 from latscope.scenario import Launch, scrub
+from latscope.scenario.base import split_credentials
+from latscope.scenario.redact import redact_url
 
 READY_POLL_S = 0.1
 STOP_GRACE_S = 5.0
@@ -57,8 +59,10 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 
 def _is_ready(url: str) -> bool:
+    url, basic = split_credentials(url)  # userinfo goes as basic authentication, never in the Host header
     try:
-        with urllib.request.urlopen(url, timeout=1.0) as response:
+        with urllib.request.urlopen(urllib.request.Request(url, headers={"Authorization": basic} if basic else {}),
+                                    timeout=1.0) as response:
             return 200 <= response.status < 300
     except (urllib.error.URLError, OSError, ValueError):
         return False
@@ -131,7 +135,7 @@ def start_target(launch: Launch, cwd: Path, log_path: Path, should_stop: Callabl
         if time.monotonic() > deadline:
             stop_target(target)
             raise RunError(
-                f"launched target not ready at {launch.ready_url} after {launch.ready_timeout:g} s; "
+                f"launched target not ready at {redact_url(launch.ready_url)} after {launch.ready_timeout:g} s; "
                 f"its last output:\n{_tail(log_path)}"
             )
         time.sleep(READY_POLL_S)

@@ -45,7 +45,7 @@ from latscope.run.launch import LaunchedTarget, core_split, cores_for_latscope, 
 from latscope.run.live import LiveMetrics, start_live_metrics
 from latscope.run.parts import RunPart
 from latscope.run.summary import RunFacts, write_results
-from latscope.scenario import Scenario, redacted_yaml, secret_values
+from latscope.scenario import Scenario, redacted_yaml, scrub, secret_values
 from latscope.telemetry.session import TelemetrySession, worker_processes
 from latscope.workload import Payloads
 
@@ -131,9 +131,9 @@ def _run_scenario(scenario: Scenario, out: str | Path | None, workers: int | Non
         with cores_for_latscope(split):
             try:
                 run.execute(stop)
-            except RunError as exc:
-                run.failure = str(exc)
-                run.abort_reason = run.abort_reason or str(exc).splitlines()[0]
+            except RunError as exc:  # its message may quote the target (its log, a URL): without secrets
+                run.failure = scrub(str(exc), run.secrets)
+                run.abort_reason = run.abort_reason or run.failure.splitlines()[0]
             finally:
                 run.close()
         summary = write_results(run_dir, run.facts(started_wall), events)
@@ -197,6 +197,7 @@ class _Run:
         self.parts: list[RunPart] = []  # hooked in at the run's moments (parts.py), in this order
         self.target: LaunchedTarget | None = None
         self.target_cores: set[int] | None = None  # where a launched target is pinned (launch.core_split)
+        self.secrets = secret_values(scenario)  # kept out of the abort reason, the events and target.log
         self.actions: ActionRunner | None = None  # the scenario's actions (actions.py); may restart the target
         self.abort_reason: str | None = None
         self.failure: str | None = None  # an abort that is the run's fault, not the user's wish
@@ -405,6 +406,7 @@ class _Run:
         c.new_probes.clear()
 
     def _abort(self, reason: str) -> None:
+        reason = scrub(reason, self.secrets)
         if self.abort_reason is None:
             self.abort_reason = reason
             self.abort_ns = time.perf_counter_ns()
@@ -473,7 +475,7 @@ class _Run:
             stop_target(self.target)
             self.events.emit("target_stopped", exit_code=self.target.exit_code())
         if self.scenario.target.launch is not None:
-            scrub_log(self.run_dir / results.TARGET_LOG, secret_values(self.scenario))
+            scrub_log(self.run_dir / results.TARGET_LOG, self.secrets)
         if self.collector is not None:
             self.collector.finish()
             self._emit_firsts()

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from latscope.scenario.base import (CREDENTIAL_NAME, REFERENCE, SECRET, SECRET_BY_NAME, URL_CREDENTIALS, DataPath,
-                                    model_field, unwrap)
+                                    model_field, split_credentials, unwrap)
 from latscope.scenario.schema import Scenario
 
 REDACTED = "<redacted>"
@@ -170,13 +170,17 @@ def _expansions(template: str) -> Iterator[str]:
 
 
 def _url_secrets(url: str) -> Iterator[str]:
-    """A URL's password and its credential-like query parameter values."""
+    """A URL's password, the Basic credential its userinfo is sent as (split_credentials), and its
+    credential-like query parameter values."""
     try:
         password = urlsplit(url).password
     except ValueError:
         password = None
     if password:
         yield password
+        basic = split_credentials(url)[1]
+        if basic:
+            yield from _credential(basic)
     for match in _QUERY_PARAM.finditer(url):
         if CREDENTIAL_NAME.search(match["key"]):
             yield match["value"]

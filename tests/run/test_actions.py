@@ -120,6 +120,8 @@ def mixed_run(tmp_path_factory):
                 {"name": "leak-http", "at": 0.3,
                  "http": {"url": f"{admin}/echo", "headers": {"Authorization": "Bearer ${LATSCOPE_TEST_ACTION_TOKEN}",
                                                               "X-Api-Key": LITERAL_KEY}}},
+                {"name": "basic", "at": 0.3,  # URL userinfo: sent as basic authentication, echoed back scrubbed
+                 "http": {"url": admin.replace("://", "://ops:${LATSCOPE_TEST_ACTION_TOKEN}@") + "/echo"}},
                 {"name": "later", "when": {"phase": "second", "after": "500ms"}, "command": "python -c pass"},
             ]
             scenario = scenario_from_dict(_data(url, tmp_path, phases, actions))
@@ -173,6 +175,7 @@ def test_secrets_from_env_never_reach_events_or_scenario_yaml(mixed_run):
     assert ends["leak-cmd"]["ok"] is True
     assert ends["leak-cmd"]["output"].splitlines() == ["env=<redacted>", "arg=<redacted>"]
     assert ends["leak-http"]["response"] == "auth=<redacted> key=<redacted>"  # the whole header value
+    assert ends["basic"]["ok"] is True and ends["basic"]["response"] == "auth=<redacted> key=None"
     for secret in (SECRET, LITERAL_KEY):
         assert secret not in text and secret not in saved
     # Templates are written back as written; a literal credential-like header is redacted.
@@ -190,7 +193,7 @@ def test_report_time_axis_names_actions_and_marks_failures_red(mixed_run):
     assert not any("action end" in text or "target" in text for text in labels)  # action_end is not drawn twice
     action_times = {e["t_s"] for e in events if e["event"].startswith("action_")}
     lines = [s for s in fig.layout.shapes if s.type == "line" and s.x0 in action_times]
-    assert len(lines) == 7  # one per action: at its start, not again at its end
+    assert len(lines) == 8  # one per action: at its start, not again at its end
 
 
 # ---- restart of a launched target ---------------------------------------------------------------

@@ -186,6 +186,27 @@ def test_launched_target_is_started_and_stopped(tmp_path):
     assert _port_is_free(port), "the launched target must be stopped after the run"
 
 
+def test_a_readiness_url_with_userinfo_is_polled_with_basic_auth(tmp_path):
+    """urllib would put `user:pw@` into the Host header (and fail on it): latscope sends it as basic
+    authentication, so a readiness URL that needs credentials works."""
+    from latscope.errors import RunError
+
+    port = free_port()
+    data = _launch_scenario(tmp_path, port, 0.5)
+    data["target"]["launch"]["ready_url"] = f"http://probe:s3cret-pw@127.0.0.1:{port}/health"
+    result = run_scenario(scenario_from_dict(data), workers=1)
+    assert result.summary["requests"]["completed"] == 10 and result.summary["generator"]["target_ready_after_s"] < 10
+    assert "s3cret-pw" not in (result.run_dir / "scenario.yaml").read_text()
+    # One that never answers: the error and the summary name the URL, never its password.
+    data["target"]["launch"].update(ready_url=f"http://probe:s3cret-pw@127.0.0.1:{free_port()}/health", ready_timeout=1)
+    data["output"]["dir"] = str(tmp_path / "never")
+    with pytest.raises(RunError) as info:
+        run_scenario(scenario_from_dict(data), workers=1)
+    assert "not ready at http://probe:<redacted>@127.0.0.1:" in str(info.value) and "s3cret-pw" not in str(info.value)
+    (run_dir,) = (tmp_path / "never").iterdir()
+    assert "s3cret-pw" not in "".join(p.read_text(errors="replace") for p in run_dir.iterdir() if p.is_file())
+
+
 def test_launched_target_dying_mid_run_ends_the_run_partial(tmp_path):
     from latscope.errors import RunError
 
