@@ -70,9 +70,18 @@ def write_scenario(path: Path, url: str, slo: dict, rate: float = 60, **extra) -
 def found(queue_server, tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     d = tmp_path_factory.mktemp("capacity")
     scenario = write_scenario(d / "mm1.yaml", queue_server, {"metric": "latency", "stat": "p90", "limit_ms": LIMIT_MS})
-    res = latscope("capacity", str(scenario), "--out", str(d / "found"), "--min-rate", "240", "--workers", "1",
-                   "--price-per-hour", "3.6", "--quiet")
-    return res, d / "found"
+
+    def search(out: Path) -> subprocess.CompletedProcess:
+        return latscope("capacity", str(scenario), "--out", str(out), "--min-rate", "240", "--workers", "1",
+                        "--price-per-hour", "3.6", "--quiet")
+
+    res, out = search(d / "found"), d / "found"
+    # The one retry: a search stopped because the generator itself fell behind (a stall of this shared
+    # box, measured as send lag and printed here) says nothing about the target, so it runs once more.
+    if res.returncode == 4 and json.loads((out / "capacity.json").read_text())["stopped"] == "generator_limit":
+        print(f"the box stalled the generator; searching again. The first search said:\n{res.stdout}")
+        res, out = search(d / "found-again"), d / "found-again"
+    return res, out
 
 
 def test_finds_the_theoretical_capacity_of_an_mm1_queue_within_10_percent(found):
