@@ -52,12 +52,9 @@ def prepare_requests(scenario: Scenario) -> list[PreparedRequest]:
             content_type = content_type or "application/json"
         elif body_value is not None:
             body = str(body_value).encode()
-        try:
-            head = request_head(endpoint, len(body), content_type)
-        except Failure as failure:
-            prepared.append(PreparedRequest(False, b"", 0, failure.reason))
-            continue
-        prepared.append(PreparedRequest(endpoint.method == "HEAD", head + body, len(body)))
+        prefix, refused = prefix_or_refusal(endpoint, content_type)
+        prepared.append(PreparedRequest(endpoint.method == "HEAD", request_head(prefix, endpoint, len(body)) + body,
+                                        len(body), refused))
     return prepared
 
 
@@ -259,21 +256,28 @@ _LINE_BREAKING = re.compile(r"[\r\n\x00]")
 
 
 def unsafe_head(method: str, target: str, headers: dict[str, str]) -> str | None:
-    """Why a request line and headers cannot be written as they are, None when they can: a CR, LF or
-    NUL in the method, the URL or a header would end a line early, i.e. inject another header or
-    request (the scenario refuses them at validation; this is the client's own check, made once per
-    class, since values also come from ${ENV} and the scenario may be built in code). Names, never
-    values, go into the reason: a value may be a secret."""
-    if _LINE_BREAKING.search(method):
-        return "the method"
-    if _LINE_BREAKING.search(target):
-        return "the URL"
+    """Why a request line and headers cannot be written as they are ("not sent: ..."), None when they
+    can: a CR, LF or NUL in the method, the URL or a header would end a line early, i.e. inject
+    another header or request (the scenario refuses them at validation; this is the client's own
+    check, made once per class, since values also come from ${ENV} and the scenario may be built in
+    code). Names, never values, go into the reason: a value may be a secret."""
+    places = [("the method", method), ("the URL", target)]
     for name, value in headers.items():
-        if _LINE_BREAKING.search(name):
-            return "a header name"
-        if _LINE_BREAKING.search(value):
-            return f"the value of header {name}"
+        places += [("a header name", name), (f"the value of header {name}", value)]
+    for place, text in places:
+        if _LINE_BREAKING.search(text):
+            return f"not sent: {place} holds a CR, LF or NUL, which would inject a line into the request"
     return None
+
+
+def prefix_or_refusal(endpoint: Endpoint, content_type: str | None = None,
+                      own: tuple[str, ...] = ()) -> tuple[bytes, str | None]:
+    """(request_prefix, None), or (b"", why) when the request cannot be written safely: every request
+    of that class is then a `protocol` error (refused_outcome), never a byte on the wire."""
+    try:
+        return request_prefix(endpoint, content_type, own), None
+    except Failure as failure:
+        return b"", failure.reason
 
 
 def request_prefix(endpoint: Endpoint, content_type: str | None = None, own: tuple[str, ...] = ()) -> bytes:
@@ -291,17 +295,18 @@ def request_prefix(endpoint: Endpoint, content_type: str | None = None, own: tup
     headers.update((k, v) for k, v in endpoint.headers.items() if k.lower() not in skip)
     path = url.path.rstrip("/") + endpoint.path
     target_path = (path or "/") + (f"?{url.query}" if url.query and "?" not in path else "")
-    unsafe = unsafe_head(endpoint.method, target_path, headers)
-    if unsafe is not None:
-        raise Failure("protocol", f"not sent: {unsafe} holds a CR, LF or NUL, which would inject a line into the request")
+    refused = unsafe_head(endpoint.method, target_path, headers)
+    if refused is not None:
+        raise Failure("protocol", refused)
     head = f"{endpoint.method} {target_path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
     return head.encode("latin-1")
 
 
-def request_head(endpoint: Endpoint, body_len: int, content_type: str | None = None) -> bytes:
-    """The whole head for `endpoint` and a body of `body_len` bytes (with the blank line that ends it)."""
+def request_head(prefix: bytes, endpoint: Endpoint, body_len: int) -> bytes:
+    """The whole head (request_prefix, Content-Length, the blank line that ends it) for a body of
+    `body_len` bytes."""
     length = b"Content-Length: %d\r\n" % body_len if body_len or endpoint.method in ("POST", "PUT", "PATCH") else b""
-    return request_prefix(endpoint, content_type) + length + b"\r\n"
+    return prefix + length + b"\r\n"
 
 
 def with_server_headers(outcome: Outcome, response: Response) -> Outcome:

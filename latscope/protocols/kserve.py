@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from latscope.protocols.http import (Failure, HttpPool, http_error, refused_outcome, request_prefix,
+from latscope.protocols.http import (Failure, HttpPool, http_error, prefix_or_refusal, refused_outcome,
                                      with_server_headers)
 from latscope.records import Outcome, Request
 from latscope.scenario import Scenario
@@ -286,10 +286,7 @@ class KServeClient:
         for c in classes:
             endpoint = scenario.endpoint(c)
             binary = endpoint.kserve.binary
-            try:
-                prefix, refused = request_prefix(endpoint, BINARY_TYPE if binary else JSON_TYPE, own=(HEADER_LENGTH,)), None
-            except Failure as failure:
-                prefix, refused = b"", failure.reason
+            prefix, refused = prefix_or_refusal(endpoint, BINARY_TYPE if binary else JSON_TYPE, own=(HEADER_LENGTH,))
             self._plans[c] = _ClassPlan(binary, list(endpoint.kserve.outputs), prefix, refused)
 
     async def open(self) -> None:

@@ -173,10 +173,9 @@ class KServeGrpcClient:
             metadata = {k.lower(): v for k, v in endpoint.headers.items()}
             if endpoint.api_key:
                 metadata["authorization"] = f"Bearer {endpoint.api_key}"
-            unsafe = unsafe_head("POST", endpoint.model or "", metadata)
             self._plans[c] = _ClassPlan(endpoint.model or "", endpoint.kserve.version, list(endpoint.kserve.outputs),
                                         tuple(metadata.items()), endpoint.timeout,
-                                        unsafe and f"not sent: {unsafe} holds a CR, LF or NUL")
+                                        unsafe_head("POST", endpoint.model or "", metadata))
         self._limit = min(scenario.limits.max_response_bytes, GRPC_MAX_LENGTH)
         self._channel: grpc.aio.Channel | None = None
         self._infer = None

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from latscope.protocols.http import (Failure, HttpPool, Response, http_error, refused_outcome, request_prefix,
+from latscope.protocols.http import (Failure, HttpPool, Response, http_error, prefix_or_refusal, refused_outcome,
                                      with_server_headers)
 from latscope.protocols.sse import SseParser
 from latscope.records import Outcome, Request
@@ -191,10 +191,7 @@ def _class_request(endpoint: Endpoint) -> _ClassRequest:
         rest["stream_options"] = {"include_usage": True}
     rest.update(options.extra_body)
     stream = bool(rest.get("stream"))
-    try:
-        prefix, refused = request_prefix(endpoint, "application/json"), None
-    except Failure as failure:
-        prefix, refused = b"", failure.reason
+    prefix, refused = prefix_or_refusal(endpoint, "application/json")
     return _ClassRequest(options.api == "chat", stream, endpoint.model, rest, prefix, refused)
 
 
