@@ -24,6 +24,7 @@ from latscope.errors import ScenarioError
 from latscope.records import Request
 from latscope.scenario import Dataset, LengthDist, Scenario, TensorSpec
 from latscope.scenario.base import DataPath
+from latscope.scenario.workload import DTYPES
 
 # Common English words that tokenize as a single token with a leading space in mainstream BPE
 # vocabularies (checked against GPT-2's and Llama's merges: all are whole-word entries).
@@ -39,12 +40,7 @@ VOCABULARY = (
 ).split()
 TEXT_WORDS = 1 << 16  # the synthetic text prompts are cut from (a prompt longer than this repeats it)
 TENSOR_POOL = 4  # random tensors kept per class; requests cycle through them
-DTYPES = {
-    "BOOL": np.bool_, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,
-    "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
-    "FP16": np.float16, "FP32": np.float32, "FP64": np.float64,
-}
-DATATYPES = {np.dtype(v): k for k, v in DTYPES.items()}
+DATATYPES = {dtype: name for name, dtype in DTYPES.items()}  # numpy dtype -> KServe v2 datatype
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +153,7 @@ def make_tensors(specs: list[TensorSpec], rng: np.random.Generator, scenario: Sc
         if spec.npy is not None:
             tensors.append(Tensor(spec.name, *_load_npy(scenario.resolve_path(spec.npy), scenario, (*where, j, "npy"))))
             continue
-        dtype = np.dtype(DTYPES[spec.datatype])
+        dtype = DTYPES[spec.datatype]
         if dtype.kind == "f":
             array = rng.uniform(spec.low, spec.high, size=spec.shape).astype(dtype)
         elif dtype.kind == "b":

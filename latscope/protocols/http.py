@@ -28,7 +28,7 @@ import httptools
 from latscope import __version__
 from latscope.protocols.server_timing import parse_server_timing
 from latscope.records import Outcome, Request
-from latscope.scenario import Endpoint, Scenario
+from latscope.scenario import Endpoint, Scenario, encoded_body
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,12 +46,10 @@ def prepare_requests(scenario: Scenario) -> list[PreparedRequest]:
     for i, cls in enumerate(workload.effective_classes()):
         endpoint = scenario.endpoint(i)
         body_value = cls.body if cls.body is not None else workload.body
-        body, content_type = b"", workload.content_type
+        body = b"" if body_value is None else encoded_body(body_value)
+        content_type = workload.content_type
         if isinstance(body_value, (dict, list)):
-            body = json.dumps(body_value, separators=(",", ":")).encode()
             content_type = content_type or "application/json"
-        elif body_value is not None:
-            body = str(body_value).encode()
         prefix, refused = prefix_or_refusal(endpoint, content_type)
         prepared.append(PreparedRequest(endpoint.method == "HEAD", request_head(prefix, endpoint, len(body)) + body,
                                         len(body), refused))

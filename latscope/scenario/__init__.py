@@ -35,7 +35,7 @@ from latscope.scenario.target import Endpoint, Launch, Target
 from latscope.scenario.telemetry import PrometheusMetric, PrometheusSource, Telemetry
 from latscope.scenario.workload import (LENGTH_DISTS, Dataset, EmpiricalLength, FixedLength, LengthDist,
                                         LognormalLength, NormalLength, TensorSpec, UniformLength, Workload,
-                                        WorkloadClass)
+                                        WorkloadClass, encoded_body)
 
 __all__ = [
     "ACTION_KINDS", "ARRIVAL_TYPES", "LENGTH_DISTS", "PROTOCOLS",
@@ -45,6 +45,6 @@ __all__ = [
     "PositiveDuration", "PrometheusMetric", "PrometheusSource", "Protocol", "ProtocolSpec", "RampArrival", "Scenario",
     "Slo", "Spacing", "SpikeArrival", "StepsArrival", "Target", "Telemetry", "TensorSpec", "TraceArrival",
     "TraceLengths", "UniformLength", "Validity", "Workload", "WorkloadClass",
-    "action_secrets", "apply_overrides", "load_scenario", "redacted_yaml", "scenario_from_dict",
+    "action_secrets", "apply_overrides", "encoded_body", "load_scenario", "redacted_yaml", "scenario_from_dict",
     "scenario_json_schema", "scrub", "secret_values",
 ]

@@ -8,6 +8,7 @@ import json
 import math
 from typing import Annotated, Any, Literal, Union, get_args
 
+import numpy as np
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
 from latscope.scenario.base import (NAME_RE, SECRET_BY_NAME, URL_CREDENTIALS, Headers, HeaderValue, Model, ModelName,
@@ -85,12 +86,12 @@ def _length(value: Any) -> Any:
 Length = Annotated[LengthDist, BeforeValidator(_length)]
 
 
-def body_bytes(body: Any) -> int:
-    """The size of a body as the http client sends it: a mapping or list as compact JSON, anything
-    else as its text."""
+def encoded_body(body: Any) -> bytes:
+    """A body as the http client sends it: a mapping or list as compact JSON, anything else as its
+    text (the one place that says so: the client sends it, check_sizes bounds it)."""
     if isinstance(body, (dict, list)):
-        return len(json.dumps(body, separators=(",", ":")).encode())
-    return len(str(body).encode())
+        return json.dumps(body, separators=(",", ":")).encode()
+    return str(body).encode()
 
 
 class Dataset(Model):
@@ -102,15 +103,19 @@ class Dataset(Model):
     field: str = "text"
 
 
-DATATYPE_BYTES = {"BOOL": 1, "INT8": 1, "INT16": 2, "INT32": 4, "INT64": 8, "UINT8": 1, "UINT16": 2, "UINT32": 4,
-                  "UINT64": 8, "FP16": 2, "FP32": 4, "FP64": 8}  # KServe v2 datatypes, bytes per element
+# The KServe v2 datatypes a tensor may be given as, and the numpy dtype of each (workload.py builds
+# them, check_sizes bounds their bytes).
+DTYPES: dict[str, np.dtype] = {name: np.dtype(t) for name, t in (
+    ("BOOL", np.bool_), ("INT8", np.int8), ("INT16", np.int16), ("INT32", np.int32), ("INT64", np.int64),
+    ("UINT8", np.uint8), ("UINT16", np.uint16), ("UINT32", np.uint32), ("UINT64", np.uint64),
+    ("FP16", np.float16), ("FP32", np.float32), ("FP64", np.float64))}
 
 
 class TensorSpec(Model):
     """One input tensor of a KServe v2 request: random values (seeded) or the contents of a .npy file."""
 
     name: str = Field(min_length=1)
-    datatype: Literal[tuple(DATATYPE_BYTES)] = "FP32"  # type: ignore[valid-type]
+    datatype: Literal[tuple(DTYPES)] = "FP32"  # type: ignore[valid-type]
     shape: list[Annotated[int, Field(ge=1)]] = Field(default=[], min_length=0)
     npy: str | None = None  # a .npy file; its shape and dtype win
     low: float = 0.0  # random values are uniform in [low, high) (integers: high excluded)
@@ -204,12 +209,12 @@ class Workload(Model):
         bodies = [(("workload", "body"), self.body), *((("workload", "classes", i, "body"), c.body)
                                                          for i, c in enumerate(self.classes))]
         for path, body in bodies:
-            if body is not None and (size := body_bytes(body)) > limit:
+            if body is not None and (size := len(encoded_body(body))) > limit:
                 raise ProblemAt(path, f"the body is {size:,} bytes as sent; the limit is {limit:,} (limits.max_body_bytes)")
         for i, cls in enumerate(self.classes):
             total = 0
             for j, tensor in enumerate(cls.tensors):
-                total += math.prod(tensor.shape) * DATATYPE_BYTES[tensor.datatype] if tensor.npy is None else 0
+                total += math.prod(tensor.shape) * DTYPES[tensor.datatype].itemsize if tensor.npy is None else 0
                 if total > limit:
                     raise ProblemAt(("workload", "classes", i, "tensors", j, "shape"),
                                     f"the class's input tensors come to {total:,} bytes a request; the limit is "
