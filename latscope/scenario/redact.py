@@ -123,7 +123,8 @@ def secret_values(scenario: Scenario) -> list[str]:
     action_secrets, and on the target's side the values of secret fields (api_key, credential-like
     headers and launch env) — with the credential alone when a value is `<scheme> <credential>`
     (`Bearer …`), since a target may echo either — what each `${VAR}` in such a field or in a URL's
-    userinfo expanded to, URL passwords and credential-like query parameter values. Longest first;
+    userinfo expanded to, URL passwords and the Basic credentials URL userinfo is sent as, and
+    credential-like query parameter values. Longest first;
     values under 4 characters left out (as action_secrets). Workers scrub with it before anything
     leaves them (see `scrub`)."""
     found = set(action_secrets(scenario))
@@ -137,11 +138,6 @@ def secret_values(scenario: Scenario) -> list[str]:
             found.update(_credential(value))
         elif redacts_url(path):
             found.update(_url_secrets(value))
-    for c in range(len(scenario.workload.effective_classes())):  # what is sent: derived ones too (Basic from a URL)
-        endpoint = scenario.endpoint(c)
-        for name, value in [*endpoint.headers.items(), ("api_key", endpoint.api_key or "")]:
-            if CREDENTIAL_NAME.search(name):
-                found.update(_credential(value))
     return _scrub_list(found)
 
 
@@ -178,9 +174,9 @@ def _url_secrets(url: str) -> Iterator[str]:
         password = None
     if password:
         yield password
-        basic = split_credentials(url)[1]
-        if basic:
-            yield from _credential(basic)
+    basic = split_credentials(url)[1]
+    if basic:
+        yield from _credential(basic)
     for match in _QUERY_PARAM.finditer(url):
         if CREDENTIAL_NAME.search(match["key"]):
             yield match["value"]
