@@ -118,6 +118,12 @@ def update_results_md(section: str, title: str, path: Path = RESULTS_MD) -> None
     path.write_text(new_text)
 
 
+def git_commit(checkout: Path) -> str:
+    """The short commit of a checkout, "?" when it is not a git checkout."""
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=checkout, capture_output=True,
+                          text=True).stdout.strip() or "?"
+
+
 def write_report_json(report: dict, out_dir: Path, name: str) -> Path:
     """Write `report` to OUT_DIR/NAME-<UTC time>.json, first recording that path (relative to the repo
     when inside it) in report["json_file"] so the Markdown section can point at it."""

@@ -79,13 +79,14 @@ def _bucket(length: int) -> int:
     return 1 << max(length - 1, 0).bit_length()
 
 
-def _settle(future: asyncio.Future, value: BatchResult | BaseException) -> None:
-    if future.done():  # the caller went away (cancelled)
-        return
-    if isinstance(value, BaseException):
-        future.set_exception(value)
-    else:
-        future.set_result(value)
+def _settle_all(settled: list[tuple[asyncio.Future, BatchResult | BaseException]]) -> None:
+    for future, value in settled:
+        if future.done():  # the caller went away (cancelled)
+            continue
+        if isinstance(value, BaseException):
+            future.set_exception(value)
+        else:
+            future.set_result(value)
 
 
 class Batcher:
@@ -197,12 +198,11 @@ class Batcher:
                     self._run([p])
                 return
             log.warning("inference failed: %s", exc)
-            self._deliver(batch[0], InferenceFailed(f"inference failed: {exc}"))
+            self._deliver(batch, [InferenceFailed(f"inference failed: {exc}")])
             return
+        self._deliver(batch, results)
         if self._on_batch:
             self._on_batch(rows, compute_ns)
-        for p, result in zip(batch, results):
-            self._deliver(p, result)
 
     def _assemble(self, batch: list[_Pending]) -> dict[str, np.ndarray]:
         if len(batch) == 1:
@@ -230,8 +230,14 @@ class Batcher:
         return own
 
     @staticmethod
-    def _deliver(pending: _Pending, value: BatchResult | BaseException) -> None:
-        try:
-            pending.loop.call_soon_threadsafe(_settle, pending.future, value)
-        except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
-            pass
+    def _deliver(batch: list[_Pending], values: list[BatchResult] | list[BaseException]) -> None:
+        """Hand the results to the event loop: one wake-up for the whole batch, not one per request (each
+        wake-up is a write to the loop's self-pipe, and the loop and this thread then take turns at the GIL)."""
+        loops: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, BatchResult | BaseException]]] = {}
+        for p, value in zip(batch, values):
+            loops.setdefault(p.loop, []).append((p.future, value))
+        for loop, settled in loops.items():
+            try:
+                loop.call_soon_threadsafe(_settle_all, settled)
+            except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
+                pass

@@ -40,8 +40,9 @@ def main() -> None:
          help="What runs the model; auto picks the best available and logs why.")
 @_option("--max-batch-size", type=click.IntRange(min=1), default=32,
          help="Most rows per backend run; 1 turns dynamic batching off.")
-@_option("--max-queue-delay-us", type=click.IntRange(min=0), default=2000,
-         help="How long the oldest waiting request may wait for others to join its batch.")
+@_option("--max-queue-delay-us", type=click.IntRange(min=0), default=0,
+         help="How long the oldest waiting request may wait for others to join its batch; 0: a batch is "
+              "what waits when the model becomes free.")
 @_option("--max-queue", type=click.IntRange(min=1), default=256,
          help="Requests that may wait; past it, 429 with Retry-After.")
 @_option("--max-body-bytes", type=click.IntRange(min=1), default=16 * 1024 * 1024,

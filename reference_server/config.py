@@ -34,7 +34,7 @@ class ServerConfig:
     model_name: str = "encoder"
     backend: str = "auto"
     max_batch_size: int = 32
-    max_queue_delay_us: int = 2000
+    max_queue_delay_us: int = 0
     max_queue: int = 256
     max_body_bytes: int = 16 * 1024 * 1024
     threads: int | None = None  # None: one per CPU core

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import orjson
 
 from reference_server.signature import V2_DTYPES, Signature, TensorSpec
 
@@ -87,6 +88,8 @@ def from_json(spec: TensorSpec, data: Any, shape: tuple[int, ...]) -> np.ndarray
         raise BadRequest(f"input '{spec.name}': shape {list(shape)} needs {math.prod(shape)} elements, "
                          f"data has {array.size}")
     target = spec.dtype
+    if array.dtype == target:  # the common case: numbers that numpy already read as this type, so in range
+        return array.reshape(shape)
     allowed, needed = ("b", "booleans") if target.kind == "b" else ("iu", "integers") if target.kind in "iu" \
         else ("iuf", "numbers")
     if array.dtype.kind not in allowed:
@@ -220,7 +223,11 @@ def _requested_outputs(doc: dict, signature: Signature) -> list[tuple[str, bool]
 
 def encode_response(model_name: str, request: InferRequest, outputs: dict[str, np.ndarray],
                     signature: Signature) -> tuple[bytes, dict[str, str]]:
-    """The response body and its content headers: JSON, or JSON header + raw bytes when any output is binary."""
+    """The response body and its content headers: JSON, or JSON header + raw bytes when any output is binary.
+
+    orjson writes `data` straight from the arrays' memory, each float32 in its shortest round-trip form:
+    0.007 ms for a 384-float embedding where Python floats through json.dumps took 0.16 ms, a tenth of a
+    request's whole budget at 8 tokens (benchmarks/handoff.py)."""
     entries: list[dict[str, Any]] = []
     blobs: list[bytes] = []
     for name, binary in request.outputs:
@@ -232,12 +239,12 @@ def encode_response(model_name: str, request: InferRequest, outputs: dict[str, n
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
-            entry["data"] = array.ravel().tolist()
+            entry["data"] = array.ravel()  # C-contiguous, as orjson needs (a copy where the array was not)
         entries.append(entry)
     doc: dict[str, Any] = {"model_name": model_name, "model_version": MODEL_VERSION, "outputs": entries}
     if request.id is not None:
         doc["id"] = request.id
-    header = json.dumps(doc, separators=(",", ":")).encode()
+    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
     if not blobs:
         return header, {"Content-Type": "application/json"}
     return b"".join([header, *blobs]), {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(header))}

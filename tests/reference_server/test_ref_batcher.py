@@ -133,3 +133,26 @@ def test_a_failing_request_does_not_fail_its_batch_neighbours():
     assert isinstance(results[1], InferenceFailed) and "poisoned input" in str(results[1])
     assert [r.batch_size for r in (results[0], results[2])] == [1, 1]  # re-run alone after the batch failed
     np.testing.assert_array_equal(results[2].outputs["per_token"], requests[2]["input_ids"])
+
+
+def test_a_batch_wakes_the_event_loop_once_not_once_per_request():
+    """Each wake-up from the inference thread is a write to the loop's self-pipe, after which the loop and
+    the inference thread take turns at the GIL: one per batch, however many requests it holds."""
+    backend = FakeBackend()
+    batcher = make(backend)
+    wakeups = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        original = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda *args, **kwargs: (wakeups.append(args), original(*args, **kwargs))[1]
+        batcher.start()
+        try:
+            results = await asyncio.gather(*(batcher.submit(tokens(4, start=i)) for i in range(5)))
+            return results, len(wakeups)  # counted before stop(), whose to_thread wakes the loop too
+        finally:
+            await asyncio.to_thread(batcher.stop)
+
+    results, woken = asyncio.run(main())
+    assert len(backend.batches) == 1 and [r.batch_size for r in results] == [5] * 5
+    assert woken == 1
