@@ -1,5 +1,6 @@
-"""What every benchmark script here needs: free ports, waiting for a server, machine facts, Markdown
-tables and rewriting its own section of benchmarks/RESULTS.md (other sections are kept)."""
+"""What every benchmark script here needs: free ports, waiting for a server, machine facts, timing a model
+alone on the server's core, Markdown tables and rewriting its own section of benchmarks/RESULTS.md (other
+sections are kept)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import shutil
 import signal
 import platform
 import socket
+import statistics
 import subprocess
 import time
 import urllib.error
@@ -116,6 +118,39 @@ def update_results_md(section: str, title: str, path: Path = RESULTS_MD) -> None
         after = "".join(lines[end:])
         new_text = "".join(lines[:start]) + section + ("\n" + after if after else "")
     path.write_text(new_text)
+
+
+def server_core() -> int:
+    """The core a scenario's `target.launch.cpus: 1` gives the server (the last one latscope may use)."""
+    return sorted(os.sched_getaffinity(0))[-1]
+
+
+def model_alone_ms(model: Path, feeds: list[dict], min_seconds: float) -> list[float]:
+    """Median ms of one ONNX Runtime run of `model` for each of `feeds`: 1 intra-op thread, on the server's
+    core, no server: what the model itself costs. Each runs twice untimed, then at least 5 times and for at
+    least `min_seconds`."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = 1, 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {server_core()})
+    try:
+        session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+        medians = []
+        for feed in feeds:
+            for _ in range(2):
+                session.run(None, feed)
+            times: list[float] = []
+            while len(times) < 5 or sum(times) < min_seconds:
+                started = time.perf_counter()
+                session.run(None, feed)
+                times.append(time.perf_counter() - started)
+            medians.append(statistics.median(times) * 1e3)
+    finally:
+        os.sched_setaffinity(0, before)
+    return medians
 
 
 def git_commit(checkout: Path) -> str:

@@ -20,8 +20,6 @@ section of benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
 import sys
 import tempfile
 import time
@@ -31,7 +29,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
-    REPO, fmt, free_port, machine_facts, machine_line, markdown_table, update_results_md, write_report_json,
+    REPO, fmt, free_port, machine_facts, machine_line, markdown_table, model_alone_ms, update_results_md,
+    write_report_json,
 )
 
 sys.path.insert(0, str(REPO))
@@ -46,43 +45,20 @@ ITL_LIMIT_MS = 50.0
 SEQUENCES = (1, 2, 4, 8, 16, 24, 32, 48, 64)  # decode batch sizes; 64 is the server's --max-sequences
 
 
-def server_core() -> int:
-    """The core `target.launch.cpus: 1` gives the server (the last one): the ceiling is measured there too."""
-    return sorted(os.sched_getaffinity(0))[-1]
-
-
 def step_curve(seconds: float) -> dict[int, float]:
-    """{sequences: median ms of one decode step} at a context of PROMPT + OUTPUT/2 tokens."""
-    import onnxruntime as ort
-
+    """{sequences: median ms of one decode step} of the decoder alone (common.model_alone_ms), at a context of
+    PROMPT + OUTPUT/2 tokens."""
     cfg = DecoderConfig()
     model, _ = cached_decoder(cfg, DEFAULT_CACHE.expanduser())
-    options = ort.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = 1, 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     context = PROMPT + OUTPUT // 2
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {server_core()})
-    try:
-        session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
-        rng = np.random.default_rng(0)
-        curve = {}
-        for n in SEQUENCES:
-            past = rng.standard_normal((n, cfg.heads, context, cfg.head_dim)).astype(np.float32) * 0.1
-            feeds = {"input_ids": np.ones((n, 1), np.int64), "position_ids": np.full((n, 1), context, np.int64),
-                     "attention_mask": np.ones((n, context + 1), np.int64),
-                     **{name: past for name in past_names(cfg.layers)}}
-            session.run(None, feeds)
-            times, spent = [], 0.0
-            while len(times) < 5 or spent < seconds:
-                t = time.perf_counter()
-                session.run(None, feeds)
-                times.append(time.perf_counter() - t)
-                spent += times[-1]
-            curve[n] = statistics.median(times) * 1e3
-    finally:
-        os.sched_setaffinity(0, before)
-    return curve
+    rng = np.random.default_rng(0)
+    feeds = []
+    for n in SEQUENCES:
+        past = rng.standard_normal((n, cfg.heads, context, cfg.head_dim)).astype(np.float32) * 0.1
+        feeds.append({"input_ids": np.ones((n, 1), np.int64), "position_ids": np.full((n, 1), context, np.int64),
+                      "attention_mask": np.ones((n, context + 1), np.int64),
+                      **{name: past for name in past_names(cfg.layers)}})
+    return dict(zip(SEQUENCES, model_alone_ms(model, feeds, seconds)))
 
 
 def ceiling(curve: dict[int, float]) -> dict:

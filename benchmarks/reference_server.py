@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import shutil
 import signal
 import statistics
@@ -51,8 +50,8 @@ sys.path.insert(0, str(REPO))  # first: this script's own name must not shadow t
 import numpy as np  # noqa: E402
 
 from common import (  # noqa: E402
-    fmt, free_port, git_commit, machine_facts, machine_line, markdown_table, server_process, update_results_md,
-    write_report_json,
+    fmt, free_port, git_commit, machine_facts, machine_line, markdown_table, model_alone_ms, server_process,
+    update_results_md, write_report_json,
 )
 from latscope.capacity import CapacityOptions, find_capacity  # noqa: E402
 from latscope.run import run_scenario  # noqa: E402
@@ -129,40 +128,14 @@ def infer_body(batch: int, sequence: int) -> dict:
     ]}
 
 
-def server_core() -> int:
-    """The core `target.launch.cpus: 1` gives the server (the last one): the ceiling is measured there too."""
-    return sorted(os.sched_getaffinity(0))[-1]
-
-
 def compute_curve(sequence: int, max_batch: int, min_seconds: float) -> dict[int, float]:
-    """{batch size: median ms of one ONNX Runtime run}, with 1 intra-op thread on the server's core: the
-    model alone, no server. Each size runs at least 5 times and for at least `min_seconds`."""
-    import onnxruntime as ort
-
+    """{batch size: median ms of one run} of the encoder alone (common.model_alone_ms)."""
     model, _ = cached_encoder(EncoderConfig(), DEFAULT_CACHE.expanduser())
-    options = ort.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = 1, 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {server_core()})
-    try:
-        session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
-        curve = {}
-        for batch in range(1, max_batch + 1):
-            ids = (np.arange(batch * sequence).reshape(batch, sequence) % 8000 + 1).astype(np.int64)
-            feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-            for _ in range(2):
-                session.run(None, feeds)
-            times, spent = [], 0.0
-            while len(times) < 5 or spent < min_seconds:
-                t = time.perf_counter()
-                session.run(None, feeds)
-                times.append(time.perf_counter() - t)
-                spent += times[-1]
-            curve[batch] = statistics.median(times) * 1e3
-    finally:
-        os.sched_setaffinity(0, before)
-    return curve
+    feeds = []
+    for batch in range(1, max_batch + 1):
+        ids = (np.arange(batch * sequence).reshape(batch, sequence) % 8000 + 1).astype(np.int64)
+        feeds.append({"input_ids": ids, "attention_mask": np.ones_like(ids)})
+    return dict(zip(range(1, max_batch + 1), model_alone_ms(model, feeds, min_seconds)))
 
 
 def ceiling(curve: dict[int, float], slo_ms: float) -> dict:
