@@ -1,7 +1,7 @@
 """reference_server on CPU: how close it gets to the model's own ceiling, what serialization costs, how cold
 a start is.
 
-    python benchmarks/reference_server.py                         # ~40 min
+    python benchmarks/reference_server.py                         # ~45 min
     python benchmarks/reference_server.py --before ../old-checkout  # also an older server, same sitting
     python benchmarks/reference_server.py --quick                 # ~8 min, to check the script works
 
