@@ -33,10 +33,9 @@ from typing import Any, Callable, Protocol
 from latscope import results
 from latscope.errors import RunError
 from latscope.plan import Plan, action_times
-from latscope.run.launch import LaunchedTarget, command_argv, start_target, stop_group, stop_target
+from latscope.run.launch import LaunchedTarget, command_argv, start_target, stop_group, stop_target, url_request
 from latscope.run.parts import RunPart
 from latscope.scenario import Action, Scenario, scrub, secret_values
-from latscope.scenario.base import split_credentials
 
 log = logging.getLogger("latscope.actions")
 
@@ -196,10 +195,7 @@ class ActionRunner(RunPart):
                 headers["Content-Type"] = "application/json"
         elif call.body is not None:
             data = call.body.encode()
-        url, basic = split_credentials(call.url)  # urllib would put userinfo in the Host header
-        if basic and not any(k.lower() == "authorization" for k in headers):
-            headers["Authorization"] = basic
-        request = urllib.request.Request(url, data=data, method=call.method, headers=headers)
+        request = url_request(call.url, headers, data=data, method=call.method)
         try:
             with urllib.request.urlopen(request, timeout=action.timeout) as response:
                 status, raw = response.status, response.read(4 * TEXT_LIMIT + 4096)

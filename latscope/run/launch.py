@@ -58,11 +58,19 @@ def _tail(path: Path, lines: int = 15) -> str:
         return ""
 
 
+def url_request(url: str, headers: dict[str, str] | None = None, **options) -> urllib.request.Request:
+    """A urllib request for a scenario's URL: its userinfo goes as basic authentication (urllib would put
+    it into the Host header), unless `headers` already carry an Authorization. `options`: Request's."""
+    url, basic = split_credentials(url)
+    headers = dict(headers or {})
+    if basic and not any(k.lower() == "authorization" for k in headers):
+        headers["Authorization"] = basic
+    return urllib.request.Request(url, headers=headers, **options)
+
+
 def _is_ready(url: str) -> bool:
-    url, basic = split_credentials(url)  # userinfo goes as basic authentication, never in the Host header
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers={"Authorization": basic} if basic else {}),
-                                    timeout=1.0) as response:
+        with urllib.request.urlopen(url_request(url), timeout=1.0) as response:
             return 200 <= response.status < 300
     except (urllib.error.URLError, OSError, ValueError):
         return False
