@@ -153,6 +153,13 @@ def model_alone_ms(model: Path, feeds: list[dict], min_seconds: float) -> list[f
     return medians
 
 
+def ceiling(curve: dict[int, float], limit_ms: float) -> tuple[int, float, float]:
+    """The model's ceiling from its cost curve {batch size: ms per run}: the size b whose run still fits
+    `limit_ms` with the most rows per second, as (b, ms, rows/s). A throughput bound: no server does better."""
+    b = max((size for size, ms in curve.items() if ms <= limit_ms), key=lambda size: size / curve[size], default=1)
+    return b, curve[b], b / curve[b] * 1e3
+
+
 def git_commit(checkout: Path) -> str:
     """The short commit of a checkout, "?" when it is not a git checkout."""
     return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=checkout, capture_output=True,

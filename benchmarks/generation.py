@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
-    REPO, fmt, free_port, machine_facts, machine_line, markdown_table, model_alone_ms, update_results_md,
+    REPO, ceiling, fmt, free_port, machine_facts, machine_line, markdown_table, model_alone_ms, update_results_md,
     write_report_json,
 )
 
@@ -61,9 +61,10 @@ def step_curve(seconds: float) -> dict[int, float]:
     return dict(zip(SEQUENCES, model_alone_ms(model, feeds, seconds)))
 
 
-def ceiling(curve: dict[int, float]) -> dict:
-    n = max((k for k, ms in curve.items() if ms <= ITL_LIMIT_MS), key=lambda k: k / curve[k], default=1)
-    return {"sequences": n, "step_ms": round(curve[n], 3), "tokens_per_s": round(n / curve[n] * 1e3, 1)}
+def decoder_ceiling(curve: dict[int, float]) -> dict:
+    """The best tokens per second of a decode step that fits the inter-token SLO: max n / s(n), s(n) <= SLO."""
+    n, ms, tokens_per_s = ceiling(curve, ITL_LIMIT_MS)
+    return {"sequences": n, "step_ms": round(ms, 3), "tokens_per_s": round(tokens_per_s, 1)}
 
 
 def scenario(rate: float, warmup_s: float, measure_s: float, runs: Path) -> dict:
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     facts = machine_facts(("onnxruntime", "numpy", "aiohttp", "latscope"))
     print(f"machine: {machine_line(facts)}", flush=True)
     curve = step_curve(0.05 if args.quick else 0.5)
-    bound = ceiling(curve)
+    bound = decoder_ceiling(curve)
     print(f"ceiling: {bound['tokens_per_s']} tokens/s ({bound['sequences']} sequences, {bound['step_ms']} ms a step)",
           flush=True)
     start = round(bound["tokens_per_s"] / OUTPUT / 4, 1)  # a quarter of the ceiling's request rate

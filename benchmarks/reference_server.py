@@ -7,7 +7,7 @@ a start is.
 
 1. **Ceiling and capacity.** For the built-in encoder (6 layers, hidden 384) on 8- and 32-token inputs:
    - the ceiling: ONNX Runtime alone (1 thread, on the core the servers get), every batch size up to 32,
-     and the best rows/s of a batch size whose compute still fits the p99 <= 50 ms SLO (`ceiling`); and
+     and the best rows/s of a batch size whose compute still fits the p99 <= 50 ms SLO (`encoder_ceiling`); and
      what a server with no overhead at all would sustain under the same Poisson traffic (`ideal_capacity`);
    - `latscope capacity` on each server (the highest Poisson rate with p99 <= 50 ms at 95 % confidence and
      no errors), every server launched by the scenario on a core of its own (`target.launch.cpus: 1`, so
@@ -50,7 +50,7 @@ sys.path.insert(0, str(REPO))  # first: this script's own name must not shadow t
 import numpy as np  # noqa: E402
 
 from common import (  # noqa: E402
-    fmt, free_port, git_commit, machine_facts, machine_line, markdown_table, model_alone_ms, server_process,
+    ceiling, fmt, free_port, git_commit, machine_facts, machine_line, markdown_table, model_alone_ms, server_process,
     update_results_md, write_report_json,
 )
 from latscope.capacity import CapacityOptions, find_capacity  # noqa: E402
@@ -138,11 +138,10 @@ def compute_curve(sequence: int, max_batch: int, min_seconds: float) -> dict[int
     return dict(zip(range(1, max_batch + 1), model_alone_ms(model, feeds, min_seconds)))
 
 
-def ceiling(curve: dict[int, float], slo_ms: float) -> dict:
-    """The most rows per second the model itself computes with a batch whose compute time fits the SLO:
-    max b / c(b) over the batch sizes b with c(b) <= SLO. A throughput bound: no server does better."""
-    b = max((size for size, ms in curve.items() if ms <= slo_ms), key=lambda size: size / curve[size], default=1)
-    return {"batch": b, "compute_ms": round(curve[b], 3), "rps": round(b / curve[b] * 1e3, 1)}
+def encoder_ceiling(curve: dict[int, float]) -> dict:
+    """The best rows per second of a batch whose compute fits the SLO: max b / c(b) with c(b) <= SLO."""
+    b, ms, rps = ceiling(curve, P99_LIMIT_MS)
+    return {"batch": b, "compute_ms": round(ms, 3), "rps": round(rps, 1)}
 
 
 def ideal_p99_ms(rate: float, curve: dict[int, float], max_batch: int, n: int = 100_000, seed: int = 1) -> float:
@@ -174,27 +173,27 @@ def ideal_capacity(curve: dict[int, float], slo_ms: float, max_batch: int) -> fl
 
 
 @dataclass(frozen=True)
-class ServerConfig:
+class ServerUnderTest:
     name: str
     command: list[str]  # `python ...`, {port} filled in
     cwd: Path = REPO
     pythonpath: Path | None = None
 
 
-def server_configs(before: Path | None) -> list[ServerConfig]:
+def server_configs(before: Path | None) -> list[ServerUnderTest]:
     reference = ["python", "-m", "reference_server", "serve", "--http-port", "{port}", "--grpc-port", "-1",
                  "--threads", SERVER_THREADS, "--no-generator"]
-    configs = [ServerConfig("reference, dynamic batching", reference + ["--max-batch-size", "32"]),
-               ServerConfig("reference, max batch 1", reference + ["--max-batch-size", "1"]),
-               ServerConfig("naive aiohttp + ORT", ["python", str(REPO / "benchmarks" / "naive_server.py"), "--model",
+    configs = [ServerUnderTest("reference, dynamic batching", reference + ["--max-batch-size", "32"]),
+               ServerUnderTest("reference, max batch 1", reference + ["--max-batch-size", "1"]),
+               ServerUnderTest("naive aiohttp + ORT", ["python", str(REPO / "benchmarks" / "naive_server.py"), "--model",
                                                     "{model}", "--port", "{port}", "--threads", SERVER_THREADS])]
     if before is not None:
-        configs.append(ServerConfig(f"reference before ({git_commit(before)}), dynamic batching",
+        configs.append(ServerUnderTest(f"reference before ({git_commit(before)}), dynamic batching",
                                     reference + ["--max-batch-size", "32"], cwd=before, pythonpath=before))
     return configs
 
 
-def server_scenario(config: ServerConfig, sequence: int, rate: float, warmup_s: float, measure_s: float,
+def server_scenario(config: ServerUnderTest, sequence: int, rate: float, warmup_s: float, measure_s: float,
                     runs_dir: Path) -> dict:
     """One latscope scenario per server and input length: it launches the server on a core of its own
     (`cpus: 1`, latscope's one worker on the other), Poisson traffic at `rate`, SLO p99 <= 50 ms and no errors."""
@@ -225,7 +224,7 @@ def server_scenario(config: ServerConfig, sequence: int, rate: float, warmup_s: 
     }
 
 
-def search_capacity(config: ServerConfig, sequence: int, start: float, mode: Mode, work: Path) -> dict:
+def search_capacity(config: ServerUnderTest, sequence: int, start: float, mode: Mode, work: Path) -> dict:
     """`latscope capacity` on this server: double from `start` until a step fails, then bisect to 5 %."""
     out = Path(tempfile.mkdtemp(prefix=f"capacity-{sequence}-", dir=work))
     scenario = scenario_from_dict(server_scenario(config, sequence, start, mode.warmup_s, mode.measure_s, work / "runs"))
@@ -249,7 +248,7 @@ def _step_p99(step: dict) -> float | None:
     return step["slos"][0]["value"] if step.get("slos") else None
 
 
-def sweep(config: ServerConfig, sequence: int, rates: tuple[float, ...], mode: Mode, work: Path) -> list[dict]:
+def sweep(config: ServerUnderTest, sequence: int, rates: tuple[float, ...], mode: Mode, work: Path) -> list[dict]:
     """p50 and p99 at fixed rates (one short run each), to compare servers load by load."""
     rows = []
     for rate in rates:
@@ -273,7 +272,7 @@ def capacity(mode: Mode, work: Path, before: Path | None = None) -> dict:
     results: dict = {}
     for sequence in CAPACITY_SEQUENCES:
         curve = compute_curve(sequence, MAX_BATCH, mode.curve_seconds)
-        bound = ceiling(curve, P99_LIMIT_MS)
+        bound = encoder_ceiling(curve)
         ideal = {"batching": ideal_capacity(curve, P99_LIMIT_MS, MAX_BATCH), "batch_1": ideal_capacity(curve, P99_LIMIT_MS, 1)}
         print(f"  {sequence} tokens: ceiling {bound['rps']} req/s at batch {bound['batch']} ({bound['compute_ms']} ms); "
               f"an overhead-free server under Poisson arrivals: {ideal['batching']} req/s "
