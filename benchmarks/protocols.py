@@ -42,7 +42,7 @@ from common import (  # noqa: E402
 import numpy as np  # noqa: E402
 import uvloop  # noqa: E402
 
-from latscope.engine import Engine  # noqa: E402
+from latscope.engine import GC_THRESHOLDS, Engine  # noqa: E402
 from latscope.plan import build_plan  # noqa: E402
 from latscope.protocols import make_client  # noqa: E402
 from latscope.protocols import openai as openai_protocol  # noqa: E402
@@ -165,7 +165,7 @@ async def _hold(scenario) -> tuple[dict, float, int]:
                     report=lambda message: None, should_stop=lambda: False, precise_timer=False)
     gc.collect()
     gc.freeze()
-    gc.set_threshold(20_000, 50, 1000)  # as in a worker (engine._worker)
+    gc.set_threshold(*GC_THRESHOLDS)  # as in a worker (engine._worker)
     cpu, wall = time.process_time(), time.perf_counter()
     try:
         final = await engine.run()
@@ -188,8 +188,8 @@ def hold_streams(url: str, streams: int, itl_ms: float, seconds: float, work: Pa
               for (t_prev, r_prev), (t, r) in zip(pairs, pairs[1:]) if r_prev >= settled]
     errors = np.array(errors)
     delay = np.array([(r - t) / 1e6 for pairs in PAIRS for t, r in pairs])
-    return {"itl_ms": itl_ms, "streams": streams, "tokens_per_s": streams * 1000 / itl_ms, "gaps": len(errors), "not_sent": final["not_sent"],
-            "errors_seen": sum(len(v) for v in final["error_examples"].values()),
+    return {"itl_ms": itl_ms, "streams": streams, "tokens_per_s": streams * 1000 / itl_ms, "gaps": len(errors), "not_sent": final[0],
+            "errors_seen": sum(len(v) for v in final[1].values()),
             "itl_error_p50_ms": float(np.percentile(errors, 50)), "itl_error_p99_ms": float(np.percentile(errors, 99)),
             "itl_error_p999_ms": float(np.percentile(errors, 99.9)), "itl_error_max_ms": float(errors.max()),
             "read_delay_p99_ms": float(np.percentile(delay, 99)), "client_cpu": cpu}

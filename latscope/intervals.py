@@ -9,7 +9,11 @@ outcomes *mean*, following the timing rules (DESIGN.md), all from the intended t
     send_lag     = actual send − intended        (every sent request: how late the client was)
     ttft         = first token − intended;  itl = each gap between token chunks;
     tpot         = (end − first token) / (tokens − 1)            (streams)
-    encode, decode, server.<part> as measured;  network = service_time − encode − decode − server total
+    encode, decode, server.<part> as measured;  network = service_time − decode − server total
+    client_inclusive = latency + the part of the encode done before the intended time
+                     (what a caller that builds each request when it is due would wait: the engine
+                     prepares ahead, so `latency` holds no encode unless the client was late, and
+                     then that encode is send lag, inside latency already)
 
 Values are µs (integer division of ns). A failed request counts under its error kind and keeps a
 few distinct messages; it adds nothing to the latency histograms. What the target said (an error
@@ -107,8 +111,11 @@ class IntervalRecorder:
             record("service_time", name, service_ns // 1000, warm)
             if outcome.token_ns or outcome.output_tokens:
                 self._record_tokens(request, outcome, name)
-            if outcome.encode_ns:
-                record("encode", name, outcome.encode_ns // 1000, warm)
+            encode_ns = outcome.encode_ns
+            if encode_ns:
+                record("encode", name, encode_ns // 1000, warm)
+                ahead_ns = min(encode_ns, max(0, request.intended_ns - request.prepared_ns + encode_ns))
+                record("client_inclusive", name, (outcome.end_ns - request.intended_ns + ahead_ns) // 1000, warm)
             if outcome.decode_ns:
                 record("decode", name, outcome.decode_ns // 1000, warm)
             if outcome.server_timing:
@@ -116,7 +123,7 @@ class IntervalRecorder:
                     record(self._part_names.get(part) or self._part_metric(part), name, ms * 1000, warm)
                 if not outcome.token_ns:  # a stream's Server-Timing covers only its start
                     server_ms = outcome.server_timing.get("total") or sum(outcome.server_timing.values())
-                    rest_ns = service_ns - outcome.encode_ns - outcome.decode_ns - int(server_ms * 1e6)
+                    rest_ns = service_ns - outcome.decode_ns - int(server_ms * 1e6)
                     record("network", name, max(0, rest_ns) // 1000, warm)
             limits = self.goodput[request.cls]
             if limits is not None and _is_good(request, outcome, latency_us, limits):

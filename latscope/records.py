@@ -13,6 +13,7 @@ one clock for every process of the machine), durations µs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from latscope.recorder import Sparse
 
@@ -26,6 +27,12 @@ class Request:
     prompt_tokens: int = 0  # planned prompt length in tokens (0: the class sends no prompt)
     output_tokens: int = 0  # planned output length, sent as max_tokens (0: not set)
     item: int = 0  # which dataset row / tensor of the class's pool (taken modulo the pool's size)
+    # Filled by the client's `prepare`, ahead of the intended time (the engine's look-ahead window),
+    # so that at that time sending is a stamp and a write.
+    wire: Any = None  # the request ready to go, in the client's own form (bytes for HTTP); None: not prepared
+    wire_bytes: int = 0  # its size, which the look-ahead window bounds
+    encode_ns: int = 0  # how long the client took to build it: the `encode` metric (0: nothing encoded)
+    prepared_ns: int = 0  # perf_counter_ns when it was ready
 
 
 @dataclass(slots=True)
@@ -43,7 +50,8 @@ class Outcome:
     output_tokens: int = 0  # from the server's usage when it sent one, else the token chunks counted
     tokens_from_usage: bool = False
     prompt_tokens: int = 0  # the server's usage.prompt_tokens (0 when not reported)
-    # Serialization, timed by the client around its own encode/decode (0: not measured).
+    # Serialization, timed by the client around its own work (0: not measured): the encode is the
+    # request's (Request.encode_ns, done in `prepare`), reported here with the rest.
     encode_ns: int = 0
     decode_ns: int = 0
     server_timing: dict[str, float] | None = None  # Server-Timing durations (ms) by name

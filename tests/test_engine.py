@@ -194,9 +194,9 @@ def test_replica_ids_past_the_cap_share_one_class():
 # -- the engine alone: a function for a target (protocols.callable.CallableClient), no sockets --------
 
 
-def _run_engine(handler, offsets_s: list[float], *, max_in_flight: int, overflow: str) -> tuple[dict, dict]:
-    """Run an Engine over `offsets_s` (one class, no warm-up) against `handler`; (merged sparse
-    histograms by metric, counters summed over the intervals)."""
+def _run_engine(handler, offsets_s: list[float], *, max_in_flight: int, overflow: str, client=None) -> tuple[dict, dict]:
+    """Run an Engine over `offsets_s` (one class, no warm-up) against `handler` (or `client`); (merged
+    sparse histograms by metric, counters summed over the intervals)."""
     import asyncio
     import time
 
@@ -210,7 +210,7 @@ def _run_engine(handler, offsets_s: list[float], *, max_in_flight: int, overflow
         n = len(offsets_s)
         t0 = time.perf_counter_ns() + 20_000_000
         ints = np.zeros(n, np.int64)
-        engine = Engine(CallableClient(handler), t0 + (np.asarray(offsets_s) * 1e9).astype(np.int64), np.arange(n),
+        engine = Engine(client or CallableClient(handler), t0 + (np.asarray(offsets_s) * 1e9).astype(np.int64), np.arange(n),
                         np.zeros(n, np.int16), np.zeros(n, bool), (ints, ints, ints), ["default"], [],
                         t0_ns=t0, interval_s=0.1, max_in_flight=max_in_flight, overflow=overflow, drain_timeout_s=2.0,
                         report=reports.append, should_stop=lambda: False, precise_timer=True)
@@ -264,3 +264,94 @@ def test_overflow_drop_does_not_send_what_finds_no_slot():
     values, counters = _run_engine(handler, [0.020 * k for k in range(15)], max_in_flight=1, overflow="drop")
     assert counters["dropped"] == 7 and counters["sent"] == counters["completed"] == 8
     assert len(values["latency"]) == 8 and _at_least_ms(values["send_lag"], 5) == 0
+
+
+# -- prepare ahead, send on time ---------------------------------------------------------------------
+
+
+class _SlowToPrepare:
+    """A CallableClient whose every request takes `prepare_ms` of CPU to build (as a long prompt's body
+    does), noting how many requests were prepared and not yet sent each time it prepares one."""
+
+    def __init__(self, prepare_ms: float):
+        from latscope.protocols.callable import CallableClient
+
+        self.inner = CallableClient(lambda request: None)
+        self.prepare_ns = int(prepare_ms * 1e6)
+        self.waiting: list[int] = []  # prepared and not yet sent, at each prepare
+        self.prepared = 0
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def prepare(self, request) -> None:
+        import time
+
+        started = time.perf_counter_ns()
+        while time.perf_counter_ns() - started < self.prepare_ns:
+            pass
+        request.wire, request.wire_bytes = b"x", 1
+        request.prepared_ns = time.perf_counter_ns()
+        request.encode_ns = request.prepared_ns - started
+        self.prepared += 1
+        self.waiting.append(self.prepared - len(self.inner.requests))
+
+    async def send(self, request):
+        outcome = await self.inner.send(request)
+        outcome.encode_ns = request.encode_ns  # as every client reports its encode
+        return outcome
+
+
+def test_a_burst_is_prepared_ahead_and_leaves_on_time():
+    """20 requests due at the same instant, 200 ms in, each taking 2 ms to build. Built at their send
+    time, the k-th would leave ≥ 2k ms late (38 ms for the last); prepared in the 200 ms before, all
+    leave within a few ms (a callable send costs tens of µs), and each was ready before it was due."""
+    client = _SlowToPrepare(2.0)
+    values, counters = _run_engine(None, [0.2] * 20, max_in_flight=100, overflow="queue", client=client)
+    assert counters["sent"] == counters["completed"] == 20
+    assert all(r.prepared_ns < r.intended_ns for r in client.inner.requests)
+    assert _at_least_ms(values["send_lag"], 5) == 0
+    assert _at_least_ms(values["encode"], 2) == 20  # the cost is still measured, as `encode`
+    assert _at_least_ms(values["client_inclusive"], 2) == 20  # and is in client-inclusive latency
+
+
+def test_the_look_ahead_window_is_bounded_by_count_and_by_time(monkeypatch):
+    """A request every 10 ms. With a window of 5 requests (and 1 s), at most 7 are prepared and not yet
+    sent (the window, the one waited for, and one handed to its task that has not started yet), and
+    the window does fill (without the bound all 40 would be prepared at once); with a window of 50 ms (and
+    1,024 requests), no request is prepared more than 50 ms before it is due (+ the one prepare in
+    flight, 0.1 ms), and some are prepared 40 ms or more ahead."""
+    from latscope import engine
+
+    monkeypatch.setattr(engine, "LOOKAHEAD_REQUESTS", 5)
+    client = _SlowToPrepare(0.1)
+    _run_engine(None, [0.01 * k for k in range(40)], max_in_flight=100, overflow="queue", client=client)
+    assert 6 <= max(client.waiting) <= 7
+
+    monkeypatch.setattr(engine, "LOOKAHEAD_REQUESTS", 1024)
+    monkeypatch.setattr(engine, "LOOKAHEAD_NS", 50_000_000)
+    client = _SlowToPrepare(0.1)
+    _run_engine(None, [0.01 * k for k in range(40)], max_in_flight=100, overflow="queue", client=client)
+    leads_ms = [(r.intended_ns - r.prepared_ns) / 1e6 for r in client.inner.requests]
+    assert max(leads_ms) <= 50.1 and sorted(leads_ms)[-5] >= 40
+
+
+def test_client_inclusive_latency_adds_the_encode_done_before_the_intended_time():
+    """Intended at 10 ms, ended at 30 ms (latency 20 ms), a 2 ms encode: done ahead (ended at 5 ms) adds
+    all 2 ms; started at 9 ms, it adds the 1 ms before 10; done at the send (from 11 ms), nothing,
+    since it is in latency already, as send lag."""
+    from latscope.intervals import IntervalRecorder
+    from latscope.records import Outcome, Request
+
+    ms = 1_000_000
+    recorder = IntervalRecorder(["default"])
+    for prepared_ms in (5, 11, 13):
+        request = Request(0, 10 * ms, 0, False, encode_ns=2 * ms, prepared_ns=prepared_ms * ms)
+        recorder.record(request, Outcome(sent_ns=max(prepared_ms, 10) * ms, end_ns=30 * ms, status=200, encode_ns=2 * ms))
+    histograms, _ = recorder.recorder.snapshot()
+    indices, counts = histograms[("client_inclusive", "default", False)]
+    from latscope.recorder import bucket_indices
+
+    assert dict(zip(indices.tolist(), counts.tolist())) == dict(zip(bucket_indices(np.array([22_000, 21_000, 20_000])).tolist(),
+                                                                 [1, 1, 1]))

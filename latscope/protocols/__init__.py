@@ -1,10 +1,13 @@
 """Wire protocols behind one small interface.
 
 A protocol client is created once per worker for the workload classes it serves, opened inside the
-worker's event loop, and then asked to `send` requests concurrently. It builds the request from the
-class's endpoint and the request's `Payload` (workload.py), stamps `sent_ns` itself when it starts on
-a request (a connect counts as service time, not send lag), times its own encode and decode, and
-returns an `Outcome`; it never records anything.
+worker's event loop, and then asked to `prepare` each request and later to `send` it, many
+concurrently. `prepare` builds the request from the class's endpoint and the request's `Payload`
+(workload.py) into `Request.wire` (with `wire_bytes`, and `encode_ns`, `prepared_ns`: the encode is
+timed here), ahead of the request's intended time (the engine's look-ahead window); `send` stamps
+`sent_ns` when it starts writing (a connect counts as service time, not send lag), times its own
+decode, and returns an `Outcome`; it never records anything. `send` prepares a request that was not
+(a test calling it directly). With `target.request_id_header`, each request carries its `seq`.
 
 What a client must never do, whatever the target does: read more than `limits.max_response_bytes`
 of one response (an endless or enormous one ends as a `protocol` error, the connection dropped), or
@@ -41,6 +44,8 @@ from latscope.workload import Payloads
 class Client(Protocol):
     async def open(self) -> None: ...
 
+    def prepare(self, request: Request) -> None: ...
+
     async def send(self, request: Request) -> Outcome: ...
 
     async def close(self) -> None: ...
@@ -56,6 +61,9 @@ class _Routed:
     async def open(self) -> None:
         for client in self._clients:
             await client.open()
+
+    def prepare(self, request: Request) -> None:
+        self._by_class[request.cls].prepare(request)
 
     async def send(self, request: Request) -> Outcome:
         return await self._by_class[request.cls].send(request)

@@ -34,6 +34,9 @@ class CallableClient:
     async def open(self) -> None:
         pass
 
+    def prepare(self, request: Request) -> None:
+        """Nothing to build: the handler is called at the send."""
+
     async def send(self, request: Request) -> Outcome:
         sent = time.perf_counter_ns()
         self.requests.append(request)

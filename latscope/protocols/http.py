@@ -9,6 +9,12 @@ nothing per request beyond that. See benchmarks/RESULTS.md for the numbers.
 
 One request per connection at a time (no pipelining); the pool opens a new connection whenever no
 idle one is left, so it never holds more connections than requests in flight, which the engine caps.
+
+Timeouts: one sweep per pool every TIMEOUT_SWEEP_S fails the requests past target.timeout, instead of
+a timer per request (asyncio.timeout makes five objects per request — a Timeout, its handle, a
+timer, a context, a bound method — that live as long as the request, and a worker holding 1,000
+streams is mostly such objects, which the garbage collector walks; see engine.GC_THRESHOLDS). A
+request times out at most TIMEOUT_SWEEP_S after its timeout.
 """
 
 from __future__ import annotations
@@ -33,9 +39,15 @@ from latscope.scenario import Endpoint, Scenario, encoded_body
 
 @dataclass(frozen=True, slots=True)
 class PreparedRequest:
+    """One workload class's request, as it goes on the wire: `prefix` (request line and headers),
+    then `rest` (the body-length header, the blank line, the body). A request id goes between them."""
+
     head: bool  # a HEAD request: the response has headers only, whatever Content-Length says
-    data: bytes  # the whole request, head and body, as it goes on the wire
+    prefix: bytes
+    rest: bytes
+    data: bytes  # prefix + rest: the whole request when it carries no id
     body_len: int
+    request_id: bytes | None = None  # target.request_id_header, as bytes
     refused: str | None = None  # why this class's request cannot be written (unsafe_head): each one is an error
 
 
@@ -51,9 +63,23 @@ def prepare_requests(scenario: Scenario) -> list[PreparedRequest]:
         if isinstance(body_value, (dict, list)):
             content_type = content_type or "application/json"
         prefix, refused = prefix_or_refusal(endpoint, content_type)
-        prepared.append(PreparedRequest(endpoint.method == "HEAD", request_head(prefix, endpoint, len(body)) + body,
-                                        len(body), refused))
+        rest = request_head(b"", endpoint, len(body)) + body
+        prepared.append(PreparedRequest(endpoint.method == "HEAD", prefix, rest, prefix + rest, len(body),
+                                        request_id_name(endpoint), refused))
     return prepared
+
+
+def request_id_name(endpoint: Endpoint) -> bytes | None:
+    """The name of the header that carries each request's seq (target.request_id_header), or None."""
+    return endpoint.request_id_header.encode("latin-1") if endpoint.request_id_header else None
+
+
+def request_id_line(name: bytes | None, seq: int) -> bytes:
+    """The header line `name: seq`, or nothing when the scenario asks for no request id."""
+    return b"%s: %d\r\n" % (name, seq) if name else b""
+
+
+TIMEOUT_SWEEP_S = 0.01  # how often a pool fails the requests past target.timeout
 
 
 class Failure(Exception):
@@ -101,6 +127,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.waiter: asyncio.Future | None = None
         self.read_ns = 0  # when the data being parsed was read: streamed pieces are stamped with it
+        self.deadline_ns = 0  # when the request in flight times out (HttpPool._sweep)
         self._reset(False, False, None)
 
     def _reset(self, head: bool, keep_body: bool, sink: BodySink | None) -> None:
@@ -160,6 +187,11 @@ class _Connection(asyncio.Protocol):
             waiter.set_result(self.parser.get_status_code())
 
     # use
+    def expire(self) -> None:
+        """The request took longer than target.timeout: it fails, and the connection is dropped."""
+        self._fail(Failure("timeout", "no complete response within target.timeout"))
+        self.close()
+
     def _fail(self, failure: Failure) -> None:
         waiter, self.waiter = self.waiter, None
         if waiter is not None and not waiter.done():
@@ -192,31 +224,47 @@ class HttpPool:
         self._host = parts.hostname
         self._port = parts.port or (443 if parts.scheme == "https" else 80)
         self._ssl = ssl.create_default_context() if parts.scheme == "https" else None
-        self._timeout_s = timeout_s
+        self._timeout_ns = int(timeout_s * 1e9)
         self._limit = max_response_bytes
         self._idle: deque[_Connection] = deque()
         self._all: set[_Connection] = set()
+        self._busy: set[_Connection] = set()  # with a request in flight
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._sweeper: asyncio.Task | None = None
 
     async def open(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._sweeper = self._loop.create_task(self._sweep())
 
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         for connection in self._all:
             connection.close()
         self._all.clear()
         self._idle.clear()
 
-    async def _connection(self) -> _Connection:
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(TIMEOUT_SWEEP_S)
+            now = time.perf_counter_ns()
+            for connection in [c for c in self._busy if c.deadline_ns <= now]:
+                connection.expire()
+
+    async def _connection(self, deadline_ns: int) -> _Connection:
         while self._idle:
             connection = self._idle.pop()  # most recently used first: warm, and not about to time out
             if not connection.closed:
                 return connection
             self._all.discard(connection)
         try:
-            _, connection = await self._loop.create_connection(
-                lambda: _Connection(self._loop, self._limit), self._host, self._port, ssl=self._ssl
-            )
+            async with asyncio.timeout((deadline_ns - time.perf_counter_ns()) / 1e9):  # a new connection only
+                _, connection = await self._loop.create_connection(
+                    lambda: _Connection(self._loop, self._limit), self._host, self._port, ssl=self._ssl
+                )
+        except TimeoutError:
+            raise Failure("timeout", "no complete response within target.timeout") from None
         except OSError as exc:
             raise Failure("connect", f"cannot connect to {self._host}:{self._port}: {exc.strerror or exc}") from None
         self._all.add(connection)
@@ -231,17 +279,18 @@ class HttpPool:
                       sink: BodySink | None = None) -> Response:
         """Send one request (`data`: head and body as they go on the wire) and read its whole
         response within the timeout. A connect counts as part of the request. Raises Failure."""
+        deadline = time.perf_counter_ns() + self._timeout_ns
         connection = None
         try:
-            async with asyncio.timeout(self._timeout_s):
-                connection = await self._connection()
-                status = await connection.send(data, head, keep_body, sink)
-        except TimeoutError:
-            self._discard(connection)
-            raise Failure("timeout", "no complete response within target.timeout") from None
+            connection = await self._connection(deadline)
+            connection.deadline_ns = deadline
+            self._busy.add(connection)
+            status = await connection.send(data, head, keep_body, sink)
         except (Failure, asyncio.CancelledError):
             self._discard(connection)
             raise
+        finally:
+            self._busy.discard(connection)
         response = connection.response(status)
         if connection.keep_alive and not connection.closed:
             self._idle.append(connection)
@@ -368,15 +417,26 @@ class HttpClient:
     async def close(self) -> None:
         await self._pool.close()
 
+    def prepare(self, request: Request) -> None:
+        """The class's prepared bytes (with the request id, when asked for): nothing to encode."""
+        prepared = self._prepared[request.cls]
+        if prepared.request_id:
+            request.wire = b"".join((prepared.prefix, request_id_line(prepared.request_id, request.seq), prepared.rest))
+        else:
+            request.wire = prepared.data
+        request.wire_bytes, request.prepared_ns = len(request.wire), time.perf_counter_ns()
+
     async def send(self, request: Request) -> Outcome:
         """Send one request; `sent_ns` is stamped before a connection is taken or opened, so a
         connect is part of service_time (the target's side), not of send_lag (the generator's)."""
         prepared = self._prepared[request.cls]
         if prepared.refused:
             return refused_outcome(prepared.refused)
+        if request.wire is None:
+            self.prepare(request)
         sent = time.perf_counter_ns()
         try:
-            response = await self._pool.request(prepared.data, head=prepared.head)
+            response = await self._pool.request(request.wire, head=prepared.head)
         except Failure as failure:
             return Outcome(sent, time.perf_counter_ns(), error=failure.kind, reason=failure.reason)
         outcome = Outcome(sent, response.end_ns, status=response.status, bytes_in=response.body_len,

@@ -11,12 +11,13 @@
 
 What the client measures, besides what the HTTP transport does:
 - `encode_ns`: from the request's tensors to the bytes that go on the wire (JSON or header + raw
-  bytes, and the HTTP head) — done for every request, nothing cached, since that cost is the point;
+  bytes, and the HTTP head) — done for every request (`prepare`, ahead of its send: engine.py),
+  nothing cached, since that cost is the point;
 - `decode_ns`: from the response body to validated numpy arrays (JSON parse, or header parse plus
   zero-copy views of the binary parts);
 - `server_timing` / `replica` from the `Server-Timing` / `X-Replica-Id` headers.
-`sent_ns` is stamped before the encode and `end_ns` after the decode, so both count in service time
-(the engine's `network` is service time minus encode, decode and the server's own parts).
+`sent_ns` is stamped when the prepared request is sent and `end_ns` after the decode, so the decode
+counts in service time (the `network` metric is service time minus decode and the server's own parts).
 
 A response that is not a well-formed tensor response is a `protocol` error, "invalid tensor response:
 <why>"; a 4xx/5xx answer is `http_4xx`/`http_5xx` with the server's `{"error": ...}` message.
@@ -35,7 +36,7 @@ from typing import Any, Callable
 import numpy as np
 
 from latscope.protocols.http import (Failure, HttpPool, http_error, prefix_or_refusal, refused_outcome,
-                                     with_server_headers)
+                                     request_id_line, request_id_name, with_server_headers)
 from latscope.records import Outcome, Request
 from latscope.scenario import Scenario
 from latscope.workload import DTYPES, Payloads, Tensor
@@ -261,17 +262,19 @@ class _ClassPlan:
     binary: bool
     outputs: list[str]
     prefix: bytes  # request line and headers, without the body-length headers
+    request_id: bytes | None  # target.request_id_header, as bytes
     refused: str | None = None  # why the request cannot be written (http.unsafe_head): each one is an error
 
-    def encode(self, tensors: list[Tensor]) -> tuple[bytes, int]:
-        """(the whole request as it goes on the wire, the body's length)."""
+    def encode(self, tensors: list[Tensor], seq: int) -> tuple[bytes, int]:
+        """(the whole request `seq` as it goes on the wire, the body's length)."""
+        prefix = self.prefix + request_id_line(self.request_id, seq)
         if self.binary:
             header, parts = encode_binary(tensors, self.outputs)
             body_len = len(header) + sum(len(p) for p in parts)
             lengths = b"Content-Length: %d\r\nInference-Header-Content-Length: %d\r\n\r\n" % (body_len, len(header))
-            return b"".join([self.prefix, lengths, header, *parts]), body_len
+            return b"".join([prefix, lengths, header, *parts]), body_len
         body = encode_json(tensors, self.outputs)
-        return b"".join([self.prefix, b"Content-Length: %d\r\n\r\n" % len(body), body]), len(body)
+        return b"".join([prefix, b"Content-Length: %d\r\n\r\n" % len(body), body]), len(body)
 
 
 class KServeClient:
@@ -287,7 +290,7 @@ class KServeClient:
             endpoint = scenario.endpoint(c)
             binary = endpoint.kserve.binary
             prefix, refused = prefix_or_refusal(endpoint, BINARY_TYPE if binary else JSON_TYPE, own=(HEADER_LENGTH,))
-            self._plans[c] = _ClassPlan(binary, list(endpoint.kserve.outputs), prefix, refused)
+            self._plans[c] = _ClassPlan(binary, list(endpoint.kserve.outputs), prefix, request_id_name(endpoint), refused)
 
     async def open(self) -> None:
         await self._pool.open()
@@ -295,17 +298,29 @@ class KServeClient:
     async def close(self) -> None:
         await self._pool.close()
 
+    def prepare(self, request: Request) -> None:
+        """The request's bytes: its tensors encoded (timed: `encode`). `wire` is (bytes, body length)."""
+        plan = self._plans[request.cls]
+        if plan.refused:
+            return
+        started = time.perf_counter_ns()
+        request.wire = plan.encode(self._payloads.get(request).tensors, request.seq)
+        request.wire_bytes = len(request.wire[0])
+        request.prepared_ns = time.perf_counter_ns()
+        request.encode_ns = request.prepared_ns - started
+
     async def send(self, request: Request) -> Outcome:
         return (await self.infer(request))[0]
 
     async def infer(self, request: Request) -> tuple[Outcome, dict[str, np.ndarray] | None]:
-        """Send one request; its outcome, and the decoded outputs when it succeeded."""
+        """Send one request (prepared already, or now); its outcome, and the decoded outputs when it succeeded."""
         plan = self._plans[request.cls]
         if plan.refused:
             return refused_outcome(plan.refused), None
+        if request.wire is None:
+            self.prepare(request)
+        (data, body_len), encode_ns = request.wire, request.encode_ns
         sent = time.perf_counter_ns()
-        data, body_len = plan.encode(self._payloads.get(request).tensors)
-        encode_ns = time.perf_counter_ns() - sent
         try:
             response = await self._pool.request(data, keep_body=True)
         except Failure as failure:

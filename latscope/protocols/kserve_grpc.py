@@ -5,14 +5,15 @@ stream on that channel's connection (a server that spreads load per connection, 
 server's replicas behind SO_REUSEPORT, sees one connection per worker). The RPC is called with raw
 bytes in and out, so the client serializes and parses the protobuf messages itself and times them:
 - `encode_ns`: building the ModelInferRequest (inputs' shapes and datatypes, each input's
-  little-endian bytes in `raw_input_contents`, the fast path) and `SerializeToString`;
+  little-endian bytes in `raw_input_contents`, the fast path) and `SerializeToString` (`prepare`,
+  ahead of the send: engine.py);
 - `decode_ns`: `ModelInferResponse.FromString` and numpy arrays from `raw_output_contents` (zero-copy)
   or from typed `contents`, validated like REST responses.
 The messages are the reference server's (`reference_server.proto`: the standard
 `grpc_predict_v2.proto` in a private descriptor pool, so tritonclient can share the process).
 
 Metadata: the endpoint's headers (keys lower-cased, as gRPC requires) and `authorization: Bearer <key>`
-when an api_key is set. Per-call deadline: target.timeout. Trailing metadata `server-timing` and
+when an api_key is set, and `<target.request_id_header lower-cased>: <seq>` when one is. Per-call deadline: target.timeout. Trailing metadata `server-timing` and
 `x-replica-id` give the server's parts and the replica, as the HTTP headers do over REST.
 
 A failed call becomes an Outcome whose `status` is the gRPC code's number and whose reason is
@@ -147,6 +148,7 @@ class _ClassPlan:
     outputs: list[str]
     metadata: tuple[tuple[str, str], ...]
     timeout_s: float
+    request_id: str | None  # target.request_id_header, lower-cased
     refused: str | None = None  # why the call cannot be made (http.unsafe_head on the metadata)
 
 
@@ -175,6 +177,7 @@ class KServeGrpcClient:
                 metadata["authorization"] = f"Bearer {endpoint.api_key}"
             self._plans[c] = _ClassPlan(endpoint.model or "", endpoint.kserve.version, list(endpoint.kserve.outputs),
                                         tuple(metadata.items()), endpoint.timeout,
+                                        endpoint.request_id_header and endpoint.request_id_header.lower(),
                                         unsafe_head("POST", endpoint.model or "", metadata))
         self._limit = min(scenario.limits.max_response_bytes, GRPC_MAX_LENGTH)
         self._channel: grpc.aio.Channel | None = None
@@ -197,19 +200,32 @@ class KServeGrpcClient:
             await self._channel.close()
             self._channel = None
 
+    def prepare(self, request: Request) -> None:
+        """The serialized ModelInferRequest (timed: `encode`)."""
+        plan = self._plans[request.cls]
+        if plan.refused:
+            return
+        started = time.perf_counter_ns()
+        request.wire = encode_infer_request(plan.model, plan.version, self._payloads.get(request).tensors, plan.outputs)
+        request.wire_bytes = len(request.wire)
+        request.prepared_ns = time.perf_counter_ns()
+        request.encode_ns = request.prepared_ns - started
+
     async def send(self, request: Request) -> Outcome:
         return (await self.infer(request))[0]
 
     async def infer(self, request: Request) -> tuple[Outcome, dict[str, np.ndarray] | None]:
-        """Send one request; its outcome, and the decoded outputs when it succeeded."""
+        """Send one request (prepared already, or now); its outcome, and the decoded outputs when it succeeded."""
         plan = self._plans[request.cls]
         if plan.refused:
             return refused_outcome(plan.refused), None
+        if request.wire is None:
+            self.prepare(request)
+        data, encode_ns = request.wire, request.encode_ns
+        metadata = plan.metadata + ((plan.request_id, str(request.seq)),) if plan.request_id else plan.metadata
         sent = time.perf_counter_ns()
-        data = encode_infer_request(plan.model, plan.version, self._payloads.get(request).tensors, plan.outputs)
-        encode_ns = time.perf_counter_ns() - sent
         try:
-            call = self._infer(data, timeout=plan.timeout_s, metadata=plan.metadata)
+            call = self._infer(data, timeout=plan.timeout_s, metadata=metadata)
             response = await call
             trailing = await call.trailing_metadata()  # the status and trailers end a gRPC response
             end = time.perf_counter_ns()

@@ -2,9 +2,9 @@
 
 Works with any server that speaks the OpenAI wire format (vLLM, TGI, SGLang, llama.cpp, Ollama, the
 reference server, OpenAI itself). Per request the client builds the JSON body from the class's
-endpoint and the request's payload (timed: `encode`), posts it on the shared keep-alive pool
-(http.py) and, for a stream, parses the Server-Sent Events *as the body pieces arrive*, inside the
-connection's read callback:
+endpoint and the request's payload (`prepare`, timed: `encode`; ahead of the send, see engine.py),
+posts it on the shared keep-alive pool (http.py) and, for a stream, parses the Server-Sent Events
+*as the body pieces arrive*, inside the connection's read callback:
 
 - every chunk that carries generated text (`choices[0].text`, or `choices[0].delta.content` /
   `reasoning_content` / `reasoning` / `tool_calls` for chat) is a token event stamped with the
@@ -28,15 +28,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from latscope.protocols.http import (Failure, HttpPool, Response, http_error, prefix_or_refusal, refused_outcome,
-                                     with_server_headers)
+                                     request_id_line, request_id_name, with_server_headers)
 from latscope.protocols.sse import SseParser
 from latscope.records import Outcome, Request
 from latscope.scenario import Endpoint, Scenario
 from latscope.workload import Payloads
 
 _loads = json.loads
-_scan = json.JSONDecoder().scan_once  # json.loads minus its two whitespace regex matches: ~1/3 faster
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 _pc = time.perf_counter_ns
 MAX_REASON = 200  # characters of a server's message kept in a reason
@@ -48,15 +49,14 @@ def _tokens(n: int) -> str:
 
 
 def _parse_json(data: bytes) -> Any:
-    """The JSON value of an event's data; ValueError (or RecursionError) when it is not JSON."""
-    text = data.decode()
+    """The JSON value of an event's data; ValueError (or RecursionError) when it is not JSON. orjson,
+    from the bytes: 0.6 µs for a typical token event against 1.4 µs for the standard library's scanner
+    on the decoded text (measured; the per-token cost is mostly the read itself). The standard library
+    has the last word: it also reads the NaN and Infinity that Python servers write (logprobs of -inf)."""
     try:
-        value, end = _scan(text, 0)
-        if end == len(text):
-            return value
-    except (StopIteration, ValueError):
-        pass
-    return _loads(text)  # surrounding whitespace, or an error: the standard path says which
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return _loads(data)
 
 
 def _clip(text: Any, limit: int = MAX_REASON) -> str:
@@ -181,6 +181,7 @@ class _ClassRequest:
     model: str | None
     rest: dict[str, Any]  # the body's fields after the prompt and max_tokens: stream, options, extra_body
     prefix: bytes  # request line and headers without Content-Length
+    request_id: bytes | None  # target.request_id_header, as bytes
     refused: str | None = None  # why the request cannot be written (http.unsafe_head): each one is an error
 
 
@@ -192,7 +193,7 @@ def _class_request(endpoint: Endpoint) -> _ClassRequest:
     rest.update(options.extra_body)
     stream = bool(rest.get("stream"))
     prefix, refused = prefix_or_refusal(endpoint, "application/json")
-    return _ClassRequest(options.api == "chat", stream, endpoint.model, rest, prefix, refused)
+    return _ClassRequest(options.api == "chat", stream, endpoint.model, rest, prefix, request_id_name(endpoint), refused)
 
 
 class OpenAIClient:
@@ -210,7 +211,12 @@ class OpenAIClient:
     async def close(self) -> None:
         await self._pool.close()
 
-    def _encode(self, cls: _ClassRequest, request: Request) -> tuple[bytes, int]:
+    def prepare(self, request: Request) -> None:
+        """The request's bytes: its JSON body built from the payload (timed: `encode`)."""
+        cls = self._classes[request.cls]
+        if cls.refused:
+            return
+        started = _pc()
         payload = self._payloads.get(request)
         prompt = payload.prompt if payload.prompt is not None else ""
         doc: dict[str, Any] = {"model": cls.model} if cls.model is not None else {}
@@ -222,17 +228,23 @@ class OpenAIClient:
             doc["max_tokens"] = payload.max_tokens
         doc.update(cls.rest)
         body = _dumps(doc).encode()
-        return b"%sContent-Length: %d\r\n\r\n%s" % (cls.prefix, len(body), body), len(body)
+        request.wire = b"%s%sContent-Length: %d\r\n\r\n%s" % (cls.prefix, request_id_line(cls.request_id, request.seq),
+                                                               len(body), body)
+        request.wire_bytes = len(request.wire)
+        request.prepared_ns = _pc()
+        request.encode_ns = request.prepared_ns - started
 
     async def send(self, request: Request) -> Outcome:
-        """One request; `sent_ns` is stamped before the body is built (encode is service time, as
-        is a connect). Never raises for a failed request: the Outcome says what went wrong."""
+        """One request, prepared already (or now); `sent_ns` is stamped before a connection is taken
+        (a connect is service time). Never raises for a failed request: the Outcome says what went wrong."""
         cls = self._classes[request.cls]
         if cls.refused:
             return refused_outcome(cls.refused)
+        if request.wire is None:
+            self.prepare(request)
+        data, encode_ns = request.wire, request.encode_ns
+        body_len = len(data) - data.index(b"\r\n\r\n") - 4
         sent = _pc()
-        data, body_len = self._encode(cls, request)
-        encode_ns = _pc() - sent
         stream = _Stream() if cls.stream else None
         try:
             response = await self._pool.request(data, keep_body=stream is None, sink=stream)

@@ -510,8 +510,14 @@ def serialization_panel(parts: pd.DataFrame) -> Panel:
         fig.add_trace(go.Bar(
             y=[labels[c] for c in df["class"]], x=df["mean_ms"], name=esc_label(part), orientation="h", marker_color=color,
             customdata=np.round(df["share"].to_numpy(float) * 100, 1),
-            hovertemplate=f"{esc_label(part)}: %{{x:.3f}} ms (%{{customdata}}% of latency)<extra></extra>"))
+            hovertemplate=f"{esc_label(part)}: %{{x:.3f}} ms (%{{customdata}}% of the total)<extra></extra>"))
     totals = parts.groupby("class", sort=False)["mean_ms"].sum()
+    if "latency_ms" in parts:
+        latency = parts.groupby("class", sort=False)["latency_ms"].first()
+        fig.add_trace(go.Scatter(y=[labels[c] for c in latency.index], x=latency.to_numpy(float), mode="markers",
+                                 name="latency (from the intended time)", marker={"symbol": "line-ns-open", "size": 22,
+                                                                                  "color": "#111", "line": {"width": 2}},
+                                 hovertemplate="latency: %{x:.3f} ms<extra></extra>"))
     fig.add_trace(go.Scatter(y=[labels[c] for c in totals.index], x=totals.to_numpy(float), mode="text",
                              text=[f"  {v:,.2f} ms" if v < 10 else f"  {v:,.1f} ms" for v in totals], textposition="middle right",
                              showlegend=False, hoverinfo="skip"))
@@ -520,6 +526,8 @@ def serialization_panel(parts: pd.DataFrame) -> Panel:
     fig.update_yaxes(title_text="class (protocol)", autorange="reversed")
     panel.figure = apply_layout(fig, 140 + 60 * len(labels), hovermode="closest")
     panel.note = ("Mean per request, stacked: client encode, network (the rest of the round trip), the server's own "
-                  "Server-Timing parts, client decode; \"other\" is latency not covered by those (queueing in the client, "
-                  "streaming after the first chunk).")
+                  "Server-Timing parts, client decode; \"other\" is what those do not cover (queueing in the client, "
+                  "streaming after the first chunk). The bar's total is client-inclusive latency: latency plus the "
+                  "client's encode, which latscope does ahead of each request's intended time; the black mark is latency "
+                  "itself, what the target is judged by (from the intended time, encode not included).")
     return panel

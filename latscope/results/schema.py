@@ -88,8 +88,12 @@ METRICS: dict[str, Metric] = {
     "ttft": Metric("TTFT", "first token chunk − intended send time (streams)"),
     "itl": Metric("ITL", "each gap between two token chunks of a stream, as the client saw them"),
     "tpot": Metric("TPOT", "(end − first token chunk) / (output tokens − 1), per stream"),
-    "encode": Metric("client encode", "the client's own encoding of a request (serialization)"),
-    "network": Metric("network", "service time − encode − decode − the server's Server-Timing total: the wire and "
+    "encode": Metric("client encode", "the client's own encoding of a request (serialization), done ahead of its "
+                                      "intended time (engine.py), so not inside latency"),
+    "client_inclusive": Metric("client-inclusive latency", "latency + the part of the encode done before the "
+                                                           "intended time: what a caller that encodes when a request "
+                                                           "is due would wait"),
+    "network": Metric("network", "service time − decode − the server's Server-Timing total: the wire and "
                                  "what the server does not report (not for streams)"),
     "decode": Metric("client decode", "the client's own decoding of a response"),
     # --- summary.json lists the metrics above first, in this order, then every other one by name ---
@@ -99,7 +103,8 @@ METRICS: dict[str, Metric] = {
                                                      "class (replica_class)"),
     "server.<part>": Metric("server.<part>", "one Server-Timing part as the server reported it (queue, compute, ...)"),
 }
-SUMMARY_FIRST = ("latency", "service_time", "send_lag", "ttft", "itl", "tpot", "encode", "network", "decode")
+SUMMARY_FIRST = ("latency", "service_time", "send_lag", "ttft", "itl", "tpot", "encode", "network", "decode",
+                 "client_inclusive")
 
 
 def summary_order(names: set[str] | list[str]) -> list[str]:
@@ -118,7 +123,8 @@ def metric_label(name: str) -> str:
 METRIC_GROUPS = (
     ("Latency", ("latency", "service_time")),
     ("Streaming", ("ttft", "itl", "tpot")),
-    ("Where the time goes (means add up; see Serialization)", ("encode", "network", "server.*", "decode")),
+    ("Where the service time goes (means add up; see Serialization)", ("network", "server.*", "decode")),
+    ("Client serialization (encode is done ahead of the send)", ("encode", "client_inclusive")),
     ("Per replica (class = replica id)", ("replica_latency",)),
     ("Load generator health (should stay near zero)", ("send_lag", "loop_lag")),
 )

@@ -188,7 +188,8 @@ def check_process_text(text: str) -> str:
 
 ProcessText = Annotated[str, AfterValidator(check_process_text)]
 HeaderValue = Annotated[str, AfterValidator(check_header_value)]
-Headers = dict[Annotated[str, AfterValidator(check_header_name)], HeaderValue]
+HeaderName = Annotated[str, AfterValidator(check_header_name)]
+Headers = dict[HeaderName, HeaderValue]
 """A {name: value} header mapping whose names and values cannot smuggle in another header."""
 ModelName = Annotated[str, AfterValidator(lambda name: check_url_text(name, "a model name"))]  # KServe: in the path
 

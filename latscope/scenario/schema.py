@@ -185,6 +185,7 @@ class Scenario(Model):
             api_key=t.api_key,
             openai=openai,
             kserve=kserve,
+            request_id_header=t.request_id_header,
         )
 
     def problem(self, path: DataPath, message: str) -> ScenarioError:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from latscope.scenario.base import (SECRET, SECRET_BY_NAME, URL_CREDENTIALS, Duration, Headers, HeaderValue, Model,
+from latscope.scenario.base import (SECRET, SECRET_BY_NAME, URL_CREDENTIALS, Duration, HeaderName, Headers, HeaderValue, Model,
                                     ModelName, PositiveDuration, ProcessText, check_http_url, check_method, check_path)
 from latscope.scenario.protocols import KServeOptions, OpenAIOptions, Protocol, check_url
 
@@ -50,6 +50,9 @@ class Target(Model):
     timeout: PositiveDuration = 30.0
     model: ModelName | None = None  # the `model` of OpenAI requests; the model name of KServe v2 requests
     api_key: Annotated[HeaderValue | None, SECRET] = None  # sent as "Authorization: Bearer ..."; use ${ENV}, never a literal
+    # Sent with every request, its value the request's `seq` (its row in schedule.parquet), e.g. X-Request-Id:
+    # server logs and packet captures can then be matched to latscope's own records. gRPC: lower-cased metadata.
+    request_id_header: HeaderName | None = None
     openai: OpenAIOptions = OpenAIOptions()
     kserve: KServeOptions = KServeOptions()
     launch: Launch | None = None
@@ -84,3 +87,4 @@ class Endpoint:
     api_key: str | None
     openai: OpenAIOptions
     kserve: KServeOptions
+    request_id_header: str | None = None

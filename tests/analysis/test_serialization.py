@@ -1,5 +1,6 @@
-"""The serialization breakdown: parts as shares of latency, from a synthetic run with exact means
-(values below 2048 µs are exact in the histograms, so every mean is known)."""
+"""The serialization breakdown: parts as shares of client-inclusive latency (of latency for a run
+recorded before requests were prepared ahead), from a synthetic run with exact means (values below
+2048 µs are exact in the histograms, so every mean is known)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ SCENARIO = {"target": {"url": "http://127.0.0.1:9", "protocol": "kserve-v2"},
 def test_parts_and_other_are_shares_of_mean_latency_summing_to_one(tmp_path):
     path = write_run(tmp_path / "run", [("m", 0.0, 2.0, False)], record, classes=("json", "binary"), scenario=SCENARIO)
     frame = breakdown(load_run(path))
-    assert list(frame.columns) == ["class", "protocol", "part", "mean_ms", "share"]
+    assert list(frame.columns) == ["class", "protocol", "part", "mean_ms", "share", "latency_ms"]
     json_rows = frame[frame["class"] == "json"].set_index("part")
     assert list(json_rows.index) == ["encode", "network", "server.compute", "server.queue", "decode", "other"]
     expected = {"encode": 0.1, "network": 0.2, "server.compute": 0.4, "server.queue": 0.075, "decode": 0.05}
@@ -52,4 +53,20 @@ def test_no_parts_no_rows(tmp_path):
     path = write_run(tmp_path / "run", [("m", 0.0, 1.0, False)],
                      lambda k, rec, phase: record_all(rec, "latency", "default", [1000] * 10))
     frame = breakdown(load_run(path))
-    assert len(frame) == 0 and list(frame.columns) == ["class", "protocol", "part", "mean_ms", "share"]
+    assert len(frame) == 0 and list(frame.columns) == ["class", "protocol", "part", "mean_ms", "share", "latency_ms"]
+
+
+def test_with_encode_done_ahead_the_parts_are_shares_of_client_inclusive_latency(tmp_path):
+    def ahead(k, rec, phase):
+        record_all(rec, "latency", "default", [1000] * N)  # encode not inside: done before the intended time
+        record_all(rec, "encode", "default", [100] * N)
+        record_all(rec, "client_inclusive", "default", [1100] * N)
+        record_all(rec, "network", "default", [600] * N)
+        record_all(rec, "decode", "default", [50] * N)
+
+    frame = breakdown(load_run(write_run(tmp_path / "run", [("m", 0.0, 1.0, False)], ahead))).set_index("part")
+    frame = frame[frame["class"] == "default"]
+    assert frame["mean_ms"].to_dict() == pytest.approx({"encode": 0.1, "network": 0.6, "decode": 0.05, "other": 0.35})
+    assert frame["share"].to_dict() == pytest.approx({"encode": 0.1 / 1.1, "network": 0.6 / 1.1, "decode": 0.05 / 1.1,
+                                                      "other": 0.35 / 1.1})
+    assert set(frame["latency_ms"]) == {1.0}

@@ -27,6 +27,8 @@ def _echo_app(seen: list[dict]) -> web.Application:
                 await response.write(b"x" * 1000)
             await response.write_eof()
             return response
+        if request.path == "/hang":
+            await asyncio.sleep(10)
         if request.path == "/close":
             return web.Response(text="bye", headers={"Connection": "close"})
         return web.Response(body=b"0123456789")
@@ -82,3 +84,33 @@ def test_chunked_head_and_connection_close_responses_end_where_they_should():
     peers = [s["peer"] for s in seen]
     # Chunked and HEAD responses leave the connection usable; "Connection: close" does not.
     assert peers[0] == peers[1] == peers[2] == peers[3] != peers[4] == peers[5] == peers[6]
+
+
+def test_each_request_carries_its_seq_in_the_request_id_header_whatever_the_protocol():
+    """target.request_id_header: every request says its position in the plan, so that server logs and
+    packet captures can be matched to latscope's records (benchmarks/wire_truth.py does)."""
+    seen: list[dict] = []
+    with serve(_echo_app(seen)) as url:
+        classes = [{"name": "plain", "path": "/", "headers": {"X-Class": "plain"}},
+                   {"name": "chat", "protocol": "openai", "model": "m", "prompt_tokens": 3, "headers": {"X-Class": "chat"}},
+                   {"name": "tensor", "protocol": "kserve-v2", "model": "m", "headers": {"X-Class": "tensor"},
+                    "tensors": [{"name": "x", "datatype": "FP32", "shape": [1, 4]}]}]
+        _send_all(url, classes, [0, 1, 2, 0, 1, 2], request_id_header="X-Request-Id")
+        _send_all(url, classes[:1], [0])
+    headers = [{name.lower(): value for name, value in s["headers"].items()} for s in seen]  # aiohttp spells it X-Request-ID
+    assert [(h["x-class"], h["x-request-id"]) for h in headers[:6]] == [
+        ("plain", "0"), ("chat", "1"), ("tensor", "2"), ("plain", "3"), ("chat", "4"), ("tensor", "5")]
+    assert "x-request-id" not in headers[6]  # none unless asked for
+
+
+def test_a_request_past_the_timeout_fails_within_one_sweep_of_it():
+    """Timeouts come from the pool's sweep (every TIMEOUT_SWEEP_S), not a timer per request: a server
+    that never answers fails the request as a timeout between target.timeout and one sweep later
+    (+ scheduling), and the next request on a fresh connection is answered."""
+    from latscope.protocols.http import TIMEOUT_SWEEP_S
+
+    with serve(_echo_app([])) as url:
+        hung, ok = _send_all(url, [{"name": "hang", "path": "/hang"}, {"name": "ok", "path": "/"}], [0, 1], timeout=0.3)
+    assert (hung.error, hung.reason) == ("timeout", "no complete response within target.timeout")
+    assert 0.3e9 <= hung.end_ns - hung.sent_ns < (0.3 + TIMEOUT_SWEEP_S + 0.02) * 1e9
+    assert ok.error is None and ok.status == 200

@@ -96,7 +96,7 @@ def test_json_binary_and_grpc_get_the_same_encoder_outputs(encoder, tmp_path):
         assert outcome.error is None, outcome.reason
         assert [t.array.tolist() for t in tensors_sent] == [ids.tolist(), mask.tolist()]
         assert outcome.encode_ns > 0 and outcome.decode_ns > 0
-        assert outcome.sent_ns + outcome.encode_ns + outcome.decode_ns < outcome.end_ns
+        assert outcome.sent_ns + outcome.decode_ns < outcome.end_ns  # the encode came before the send
         assert {"queue", "deser", "compute", "ser"} <= outcome.server_timing.keys()
         assert outcome.replica.startswith("r0-")
         assert outcome.bytes_in > 0 and outcome.bytes_out > 0
@@ -123,9 +123,9 @@ def test_identity_answers_are_the_inputs_bit_for_bit_and_named_outputs_are_asked
     results, sent = send_each(kserve_scenario(identity.url, "identity", classes), order)
     for (outcome, outputs), tensors_sent in list(zip(results, sent))[:6]:
         assert outcome.error is None, outcome.reason
-        # Service time (sent_ns is stamped before the encode) covers the encode, the server's parts, the decode.
+        # Service time (sent_ns is stamped once the request is prepared) covers the server's parts and the decode.
         server_ns = sum(outcome.server_timing.values()) * 1e6
-        assert outcome.end_ns - outcome.sent_ns > outcome.encode_ns + server_ns + outcome.decode_ns
+        assert outcome.end_ns - outcome.sent_ns > server_ns + outcome.decode_ns
         (x,) = tensors_sent
         assert list(outputs) == ["y"]
         np.testing.assert_array_equal(outputs["y"], x.array)  # JSON floats round-trip exactly too
@@ -332,7 +332,7 @@ def test_kserve_client_serves_several_models_on_one_url():
     # A large JSON answer takes milliseconds to parse; the request ends after that, not when its last byte came.
     big, outputs = results[3]
     assert outputs["y"].shape == (200, 200) and big.decode_ns > 1_000_000
-    assert big.end_ns - big.sent_ns > big.encode_ns + big.decode_ns
+    assert big.end_ns - big.sent_ns > big.decode_ns
     assert isinstance(make_client(scenario_from_dict({**data, "target": {**data["target"], "url": "grpc://127.0.0.1:1",
                                                                          "protocol": "kserve-v2-grpc"}})),
                       KServeGrpcClient)

@@ -131,7 +131,7 @@ def test_fake_server_answers_metadata_and_deadlines():
         try:
             scenario = grpc_scenario(f"127.0.0.1:{port}", [
                 {"name": n, "model": n, "tensors": [X], "kserve": {"outputs": ["y"]}, "headers": {"X-Team": n}}
-                for n in names], timeout=0.5, api_key="k3y")
+                for n in names], timeout=0.5, api_key="k3y", request_id_header="X-Request-Id")
             return await send_all(scenario, list(range(len(names)))), Payloads(scenario)
         finally:
             await server.stop(0)
@@ -165,6 +165,7 @@ def test_fake_server_answers_metadata_and_deadlines():
     assert [o.name for o in request.outputs] == ["y"]
     assert metadata["x-team"] == "typed" and metadata["authorization"] == "Bearer k3y"
     assert [m["x-team"] for _, m in fake.seen] == names
+    assert [m["x-request-id"] for _, m in fake.seen] == [str(i) for i in range(len(names))]  # each call's seq
 
 
 def test_messages_round_trip_and_bad_responses_are_named():

@@ -417,3 +417,15 @@ def test_reference_server_streams_and_whole_answers(cache, logs, tmp_path):
     assert tokens["chat"]["prompt_tokens"] > 12 * done["chat"]
     events = (s.run_dir / "events.jsonl").read_text()
     assert "replica_first_seen" in events and '"r0-' in events
+
+
+def test_an_event_with_python_style_nan_or_infinity_is_still_a_token():
+    """The fast JSON parser refuses NaN/Infinity literals, which Python servers write (a logprob of
+    -inf); the standard library reads them, so such a chunk is a token, not a malformed event."""
+    from latscope.protocols.openai import _Stream
+
+    stream = _Stream()
+    stream(b'data: {"choices":[{"text":" hi","logprobs":{"token_logprobs":[-Infinity, NaN]}}]}\n\n', 5)
+    stream(b"data: {not json\n\n", 6)
+    assert stream.token_ns == [5]
+    assert stream.error == "malformed SSE event after 1 token (not JSON): {not json"

@@ -332,7 +332,7 @@ def test_compare_delta_table_lists_every_metric_and_class_grouped(compare_runs, 
     # Latency first, then where the time went (server parts by name), then replicas, then the generator.
     assert [m for i, m in enumerate(order) if i == 0 or order[i - 1] != m] == [
         "latency", "service time", "network", "server.compute", "server.queue", "latency per replica", "send lag", "event-loop lag"]
-    assert '<tr class="group"><th colspan="8">Where the time goes' in table and "Load generator health" in table
+    assert '<tr class="group"><th colspan="8">Where the service time goes' in table and "Load generator health" in table
     # server.queue exists in the new run only: one cell says so, with the new run's values (0.4 ms, as the target sent).
     queue = next(r for r in rows if "<td>server.queue</td><td>all</td>" in r)
     assert '<td class="only" colspan="6"><i>only in the new run:</i> p50 0.400 · p90 0.400' in queue, queue
