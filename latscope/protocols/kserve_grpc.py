@@ -12,9 +12,10 @@ bytes in and out, so the client serializes and parses the protobuf messages itse
 The messages are the reference server's (`reference_server.proto`: the standard
 `grpc_predict_v2.proto` in a private descriptor pool, so tritonclient can share the process).
 
-Metadata: the endpoint's headers (keys lower-cased, as gRPC requires) and `authorization: Bearer <key>`
-when an api_key is set, and `<target.request_id_header lower-cased>: <seq>` when one is. Per-call deadline: target.timeout. Trailing metadata `server-timing` and
-`x-replica-id` give the server's parts and the replica, as the HTTP headers do over REST.
+Metadata: the endpoint's headers (keys lower-cased, as gRPC requires), `authorization: Bearer <key>`
+when an api_key is set, and `<target.request_id_header, lower-cased>: <seq>` when one is. Per-call
+deadline: target.timeout. Trailing metadata `server-timing` and `x-replica-id` give the server's
+parts and the replica, as the HTTP headers do over REST.
 
 A failed call becomes an Outcome whose `status` is the gRPC code's number and whose reason is
 "gRPC <CODE>: <details>"; its kind follows the code (see `ERROR_KINDS_BY_CODE`).

@@ -173,7 +173,7 @@ def test_unknown_field_names_file_line_path_and_allowed_fields(tmp_path):
     message = error_of(path)
     assert message.startswith(f"invalid scenario {path} (1 problem):\n")
     assert (f"{path}:4: target.timout: unknown field (did you mean 'timeout'? "
-            "allowed: protocol, url, method, path, headers, timeout, model, api_key, openai, kserve, launch)") in message
+            "allowed: protocol, url, method, path, headers, timeout, model, api_key, request_id_header, openai, kserve, launch)") in message
 
 
 def test_unknown_field_in_an_arrival_lists_that_arrivals_fields(tmp_path):
