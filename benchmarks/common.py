@@ -125,6 +125,12 @@ def server_core() -> int:
     return sorted(os.sched_getaffinity(0))[-1]
 
 
+def cpus() -> tuple[int | None, int | None]:
+    """(CPU for the client, CPU for the server: server_core()), or (None, None) on a one-CPU machine."""
+    available = sorted(os.sched_getaffinity(0))
+    return (available[0], server_core()) if len(available) > 1 else (None, None)
+
+
 def model_alone_ms(model: Path, feeds: list[dict], min_seconds: float) -> list[float]:
     """Median ms of one ONNX Runtime run of `model` for each of `feeds`: 1 intra-op thread, on the server's
     core, no server: what the model itself costs. Each runs twice untimed, then at least 5 times and for at

@@ -24,7 +24,6 @@ Writes benchmarks/out/protocols-<time>.json and its section of benchmarks/RESULT
 from __future__ import annotations
 
 import argparse
-import gc
 import itertools
 import os
 import sys
@@ -37,12 +36,12 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO))
 
 from common import (  # noqa: E402
-    fmt, free_port, machine_facts, machine_line, markdown_table, server_process, update_results_md, write_report_json,
+    cpus, fmt, free_port, machine_facts, machine_line, markdown_table, server_process, update_results_md, write_report_json,
 )
 import numpy as np  # noqa: E402
 import uvloop  # noqa: E402
 
-from latscope.engine import GC_THRESHOLDS, Engine  # noqa: E402
+from latscope.engine import Engine, settle_gc  # noqa: E402
 from latscope.plan import build_plan  # noqa: E402
 from latscope.protocols import make_client  # noqa: E402
 from latscope.protocols import openai as openai_protocol  # noqa: E402
@@ -65,12 +64,6 @@ def pin(cpu: int | None) -> None:
     """Run this process (and the latscope workers it spawns) on one CPU, when there is more than one."""
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
-
-
-def cpus() -> tuple[int | None, int | None]:
-    """(CPU for latscope, CPU for the server), or (None, None) on a one-CPU machine."""
-    available = sorted(os.sched_getaffinity(0))
-    return (available[0], available[1]) if len(available) > 1 else (None, None)
 
 
 def run(scenario, out: Path) -> tuple[dict, Path]:
@@ -163,9 +156,7 @@ async def _hold(scenario) -> tuple[dict, float, int]:
                     (plan.prompt_tokens, plan.output_tokens, plan.item), plan.class_names, windows, t0_ns=t0, interval_s=1.0,
                     max_in_flight=scenario.limits.max_in_flight, overflow="queue", drain_timeout_s=10.0,
                     report=lambda message: None, should_stop=lambda: False, precise_timer=False)
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)  # as in a worker (engine._worker)
+    settle_gc()  # as in a worker
     cpu, wall = time.process_time(), time.perf_counter()
     try:
         final = await engine.run()

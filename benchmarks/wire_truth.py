@@ -65,7 +65,6 @@ benchmarks/RESULTS.md (not with --no-results-md). How to install the peers: benc
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import re
@@ -89,12 +88,12 @@ sys.path.insert(0, str(REPO))
 
 import run_independent_tool  # noqa: E402
 from common import (  # noqa: E402
-    fmt, free_port, machine_facts, machine_line, markdown_table, server_process, update_results_md, write_report_json,
+    cpus, fmt, free_port, machine_facts, machine_line, markdown_table, server_process, update_results_md, write_report_json,
 )
 import numpy as np  # noqa: E402
 import uvloop  # noqa: E402
 
-from latscope.engine import GC_THRESHOLDS, Engine  # noqa: E402
+from latscope.engine import Engine, settle_gc  # noqa: E402
 from latscope.plan import build_plan  # noqa: E402
 from latscope.protocols import Client, make_client  # noqa: E402
 from latscope.records import Outcome, Request  # noqa: E402
@@ -177,12 +176,6 @@ def pinned(cpu: int | None) -> Iterator[None]:
         yield
     finally:
         os.sched_setaffinity(0, before)
-
-
-def cpus() -> tuple[int | None, int | None]:
-    """(CPU for the client, CPU for the server), or (None, None) on a one-CPU machine."""
-    available = sorted(os.sched_getaffinity(0))
-    return (available[0], available[-1]) if len(available) > 1 else (None, None)
 
 
 # -- the pcap, the TCP byte streams, HTTP ------------------------------------------------------
@@ -431,9 +424,7 @@ async def run_engine(scenario: Scenario) -> list[Record]:
                     interval_s=scenario.output.interval, max_in_flight=scenario.limits.max_in_flight,
                     overflow=scenario.limits.overflow, drain_timeout_s=scenario.target.timeout + 1.0,
                     report=lambda message: None, should_stop=lambda: False, precise_timer=scenario.limits.timer == "precise")
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)  # as in a worker (engine._worker)
+    settle_gc()  # as in a worker
     try:
         await engine.run()
     finally:

@@ -162,9 +162,8 @@ class Engine:
         return request
 
     def _prepare(self, request: Request) -> None:
-        started = time.perf_counter_ns()
-        self.client.prepare(request)
-        self._prepare_cost_ns = max(time.perf_counter_ns() - started, self._prepare_cost_ns * 15 // 16)
+        self.client.prepare(request)  # the client times it (encode_ns): no second clock read here
+        self._prepare_cost_ns = max(request.encode_ns, self._prepare_cost_ns * 15 // 16)
 
     def _fits(self, cost_ns: int, due_ns: int) -> bool:
         """Whether work that lately took up to `cost_ns` fits before `due_ns` (0: nothing is due), with
@@ -198,7 +197,8 @@ class Engine:
         clock after each sleep because timers may also fire early. Between prepares it yields to the
         loop at least every PREPARE_SLICE_NS, so responses are still read on time."""
         pc = time.perf_counter_ns
-        await asyncio.sleep(0)  # first let the requests just handed to their tasks be written
+        if self._unstarted:
+            await asyncio.sleep(0)  # first let the requests just handed to their tasks be written
         yielded = pc()
         while not self.stopping:
             delay = when_ns - pc()
@@ -362,6 +362,14 @@ class Engine:
 # -- the worker process ---------------------------------------------------------------------
 
 
+def settle_gc() -> None:
+    """Before a worker measures: freeze what exists now (plan, imports) out of the collector's reach,
+    and keep young collections short (GC_THRESHOLDS). Pauses still happen and are recorded (gc_pause)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def worker_main(spec: WorkerSpec, queue: Any, start_event: Any, t0_value: Any, stop_event: Any) -> None:
     """Entry point of a worker process (spawned). Reports through `queue`; never raises."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the parent coordinates the stop
@@ -430,11 +438,7 @@ async def _worker(spec: WorkerSpec, queue: Any, start_event: Any, t0_value: Any,
         goodput=scenario.goodput_objectives(),
         secrets=secret_values(scenario),
     )
-    # Freeze what exists now (plan, imports) out of the collector's reach, and keep young collections
-    # short (GC_THRESHOLDS). Pauses still happen and are recorded (gc_pause).
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
+    settle_gc()
     try:
         not_sent, error_examples = await engine.run()
     finally:
