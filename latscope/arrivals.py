@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # pandas is imported only where a trace is read: workers star
     from latscope.scenario import Arrival, Spacing  # the scenario's models are the one home of both
 
 from latscope.errors import ScenarioError
+from latscope.mooncake import mooncake_offsets, mooncake_rows, read_mooncake, scaled_lengths
 
 # Poisson spacing draws Exp(1) variates in chunks of at most this many (32 MiB of float64), so a
 # very long phase does not need a second full-size temporary array while drawing.
@@ -471,6 +472,10 @@ def phase_offsets(a: Arrival, d: float | None, rng: np.random.Generator,
             return spike(a.base_rate, a.spike_rate, a.at, a.length, d, a.spacing, rng), d, {}
         case "idle":
             return np.empty(0, dtype=np.float64), d, {}
+        case "users":  # one row per closed-loop user, at its start: evenly over the ramp (within the phase)
+            return np.arange(a.users) * (min(a.ramp, d) / a.users), d, {}
+        case "trace" if a.format == "mooncake":
+            return _mooncake_phase(a, d, resolve(a.file))
         case "trace":
             path = resolve(a.file)
             trace = read_trace(path, a.time_column)
@@ -488,6 +493,26 @@ def phase_offsets(a: Arrival, d: float | None, rng: np.random.Generator,
                         lengths[key] = np.where(values > 0, np.minimum(scaled, cap or np.iinfo(np.int32).max), 0).astype(np.int32)
             return offsets, d, lengths
     raise AssertionError(f"unhandled arrival type {a.type}")
+
+
+def _mooncake_phase(a: Arrival, d: float | None, path: Path) -> tuple[np.ndarray, float, dict[str, np.ndarray]]:
+    """A Mooncake trace phase: offsets, duration, and besides the lengths (scaled) each request's block
+    ids as CSR ("hash_ids", "hash_start") and "block_tokens" (see latscope/mooncake.py)."""
+    trace = read_mooncake(path)
+    rows = mooncake_rows(trace, a.speedup, a.start, d)
+    offsets = mooncake_offsets(trace, a.speedup, a.start, d)
+    if d is None:
+        d = float(offsets[-1]) + 1e-6 if len(offsets) else 0.0
+    prompt, output, block_tokens = scaled_lengths(trace, rows, a.scale)
+    if a.lengths is not None:  # caps: a capped prompt keeps its first blocks, cut short
+        top = np.iinfo(np.int32).max
+        prompt, output = np.minimum(prompt, a.lengths.max_prompt or top), np.minimum(output, a.lengths.max_output or top)
+    counts = trace.hash_start[rows + 1] - trace.hash_start[rows]
+    ids = np.concatenate([trace.hash_ids[trace.hash_start[r]:trace.hash_start[r + 1]] for r in rows]) if len(rows) else \
+        np.empty(0, np.int64)
+    return offsets, d, {"prompt_tokens": prompt, "output_tokens": output, "hash_ids": ids,
+                        "hash_start": np.concatenate(([0], np.cumsum(counts))).astype(np.int64),
+                        "block_tokens": np.full(len(rows), block_tokens, np.int32)}
 
 
 def expected_arrivals(a: Arrival, d: float | None, resolve: Callable[[str], Path]) -> float:
@@ -517,6 +542,8 @@ def expected_arrivals(a: Arrival, d: float | None, resolve: Callable[[str], Path
             return a.base_rate * d + (a.spike_rate - a.base_rate) * overlap(a.at, a.length)
         case "idle":
             return 0.0
+        case "users":  # a row per user; what each sends is the server's doing
+            return float(a.users)
         case "trace":
             return float(len(phase_offsets(a, d, np.random.default_rng(0), resolve)[0]))
     raise AssertionError(f"unhandled arrival type {a.type}")

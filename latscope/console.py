@@ -17,6 +17,7 @@ from latscope.analysis import coldstart
 from latscope.capacity import StepStart
 from latscope.report.capacity_page import cost_line
 from latscope.report.words import event_text, goodput_sentence, slo_value_text
+from latscope.results.schema import TURN_PREFIX
 from latscope.run import Progress
 
 PLAIN_EVERY_S = 10.0
@@ -96,10 +97,32 @@ def summary_table(summary: dict) -> Table:
         table.add_column(column + (" ms" if column.startswith("p") or column == "max" else ""),
                          justify="left" if column in ("metric", "class") else "right", no_wrap=True)
     for metric, by_class in summary["metrics"].items():
+        if metric.startswith(TURN_PREFIX):  # by turn: the sessions lines say it shorter
+            continue
         for cls, s in by_class.items():
             table.add_row(metric, cls, f"{s.get('count', 0):,}", *(_ms(s.get(k)) for k in
                           ("p50_ms", "p90_ms", "p99_ms", "p99.9_ms", "max_ms")))
     return table
+
+
+def sessions_lines(summary: dict) -> list[str]:
+    """A line per class with sessions: how they ended, TTFT p50 turn by turn, the prefix-cache hit rate;
+    and one per class whose server reported cached tokens without sessions."""
+    lines = []
+    for cls, s in (summary.get("sessions") or {}).items():
+        ttft = [t["ttft"].get("p50_ms") for t in s["by_turn"].values() if "ttft" in t]
+        line = (f"sessions {cls}: {s['started']:,} started, {s['completed']:,} completed, {s['abandoned']:,} abandoned, "
+                f"{s['cut']:,} cut, {s['turns_not_sent']:,} turns not sent")
+        if any(v is not None for v in ttft):
+            line += " · TTFT p50 by turn " + " → ".join(_ms(v) for v in ttft[:8]) + (" …" if len(ttft) > 8 else "") + " ms"
+        if s["prefix_cache"]["hit_rate"] is not None:
+            line += f" · prefix-cache hit rate {s['prefix_cache']['hit_rate']:.1%}"
+        lines.append(line)
+    for cls, t in (summary.get("tokens") or {}).items():
+        if cls != "all" and cls not in (summary.get("sessions") or {}) and (cache := t.get("prefix_cache")):
+            lines.append(f"prefix cache {cls}: {cache['cached_tokens']:,} of {cache['prompt_tokens']:,} prompt tokens "
+                         f"cached ({cache['hit_rate']:.1%})")
+    return lines
 
 
 def print_summary(console: Console, summary: dict, run_dir: object) -> None:
@@ -118,6 +141,11 @@ def print_summary(console: Console, summary: dict, run_dir: object) -> None:
         console.print("errors by kind: " + ", ".join(f"{k} {v:,}" for k, v in errors.items()), highlight=False)
         for kind, examples in summary.get("error_examples", {}).items():
             console.print(Text(f"  {kind}: {examples[0]}", style="dim"))
+    load = summary.get("load") or {}
+    if load.get("model") in ("closed", "mixed"):
+        console.print(Text(f"{load['users']:,} users, {load['note']}", "bold yellow"))
+    for line in sessions_lines(summary):
+        console.print(line, highlight=False)
     goodput = (summary.get("goodput") or {}).get("all")
     if goodput:
         console.print(f"goodput: {goodput_sentence(goodput)}", highlight=False)

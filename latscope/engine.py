@@ -19,6 +19,13 @@ such a gap too. A request the window did not reach (a rate the client cannot kee
 prepared at its send time, and that cost shows as send lag, as it should. At its intended time
 sending is then a stamp and a write.
 
+Sessions (chat.py): a plan row may open a conversation (or start a closed-loop user), and each
+answer may bring the session's next turn, intended at the answer's end plus a think time. Those
+turns wait in a heap by intended time beside the plan; the send loop always sends the earliest of
+the two, and a turn that arrives due earlier than what the loop waits for wakes it. They are
+prepared ahead in their think time like the plan's requests in the window. The engine keeps going
+while sessions are in progress, and counts the ones still going when it stops as cut.
+
 The in-flight cap is the one place the engine may not send on time: with `overflow: queue` the
 request waits for a slot (counted `late`; its latency still runs from the intended time), with
 `overflow: drop` it is not sent (counted `dropped`).
@@ -34,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import heapq
 import os
 import signal
 import time
@@ -44,8 +52,9 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from latscope.chat import Conversations
 from latscope.intervals import IntervalRecorder
-from latscope.plan import after_idle, build_plan
+from latscope.plan import Plan, after_idle, build_plan
 from latscope.protocols import Client, make_client
 from latscope.records import IntervalReport, Outcome, Request, WorkerDone, WorkerFailed, WorkerReady
 from latscope.results.schema import CANCELLED, DROPPED, LATE, SENT
@@ -107,6 +116,8 @@ class Engine:
         probes: frozenset[int] = frozenset(),
         goodput: list[dict[str, float] | None] | None = None,
         secrets: list[str] | None = None,
+        sessions: tuple[Scenario, Plan] | None = None,
+        blocks: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
     ):
         self.client = client
         self.intended_ns, self.seq, self.cls, self.warmup = intended_ns, seq, cls, warmup
@@ -133,13 +144,22 @@ class Engine:
         self._interval = 0
         self._gc_started = 0
         self._upcoming = self._planned()  # the plan's requests not yet taken, in order
-        self._next: Request | None = None  # the one after the request waited for, once looked at
+        self._head: Request | None = None  # the plan's next request, taken from the window or the plan, looked at
+        self._next: Request | None = None  # the one after the window, once looked at
         self._ready: deque[Request] = deque()  # the look-ahead window: prepared requests, in order
         self._ready_bytes = 0
         self._prepare_cost_ns = 0  # a decaying maximum of what one prepare took
         self._report_cost_ns = 0  # the same for one interval report
         self._due_ns = 0  # when the request the send loop is at is due (0: none)
         self._unstarted = 0  # requests handed to their tasks that have not run yet (a task writes when it first runs)
+        # Sessions (chat.py): a plan row may start a session or a closed-loop user, and each answer may
+        # bring the next turn, kept in `_later` (a heap by intended time) until it is due.
+        self.chat = Conversations(*sessions, t0_ns, self.measure) if sessions else None
+        self.blocks = blocks  # Plan.blocks: a Mooncake trace's prompt blocks, by plan row
+        self._later: list[tuple[int, int, Request]] = []
+        self._later_unprepared: deque[Request] = deque()  # the same turns, to prepare ahead in arrival order
+        self._woken = False  # a turn due earlier than the one waited for arrived, or a session ended
+        self._nap_future: asyncio.Future | None = None
 
     # -- the schedule ------------------------------------------------------------------------
 
@@ -150,16 +170,64 @@ class Engine:
         for start in range(0, len(self.intended_ns), chunk):
             columns = [a[start : start + chunk].tolist() for a in (self.seq, self.intended_ns, self.cls, self.warmup, *self.asks)]
             for seq, intended, cls, warm, prompt, output, item in zip(*columns):
-                yield Request(seq, intended, cls, warm, prompt, output, item)
+                request = Request(seq, intended, cls, warm, prompt, output, item)
+                if self.blocks is not None and (block_tokens := int(self.blocks[2][seq])):
+                    ids, start = self.blocks[0], self.blocks[1]
+                    request.blocks = (ids[start[seq]:start[seq + 1]], block_tokens)
+                if self.chat is not None and (request := self.chat.begin(request)) is None:
+                    self.consumed += 1  # a closed-loop user whose phase is over before it began
+                    continue
+                yield request
 
-    def _take(self) -> Request | None:
-        """The next request to send: the window's first, else the plan's next (not prepared yet)."""
-        if self._ready:
-            request = self._ready.popleft()
-            self._ready_bytes -= request.wire_bytes
-            return request
-        request, self._next = self._next or next(self._upcoming, None), None
+    def _peek(self) -> Request | None:
+        """The next request to send: the window's first, else the plan's next (not prepared yet), or a
+        session's next turn when that is due earlier."""
+        request = self._head
+        if request is None:
+            if self._ready:
+                request = self._ready.popleft()
+                self._ready_bytes -= request.wire_bytes
+            else:
+                request, self._next = self._next or next(self._upcoming, None), None
+            self._head = request
+        if self._later and (request is None or self._later[0][0] < request.intended_ns):
+            return self._later[0][2]
         return request
+
+    def _pop(self, request: Request) -> bool:
+        """Take `request`, which `_peek` just gave, out of where it waited; whether it is a plan row
+        (not a session's later turn)."""
+        if self._later and self._later[0][2] is request:
+            heapq.heappop(self._later)
+            return False
+        self._head = None
+        return True
+
+    def _push(self, request: Request) -> None:
+        """A session's next turn, due at its intended time; the send loop looks again if it is earlier
+        than what it waits for."""
+        heapq.heappush(self._later, (request.intended_ns, request.seq, request))
+        self._later_unprepared.append(request)
+        self._wake()
+
+    def _wake(self) -> None:
+        self._woken = True
+        if self._nap_future is not None and not self._nap_future.done():
+            self._nap_future.set_result(None)
+
+    async def _nap(self, seconds: float) -> None:
+        """asyncio.sleep(seconds), cut short by `_wake` when sessions are run."""
+        if self.chat is None:
+            await asyncio.sleep(seconds)
+            return
+        loop = asyncio.get_running_loop()
+        future = self._nap_future = loop.create_future()
+        timer = loop.call_later(seconds, _settle, future)
+        try:
+            await future
+        finally:
+            timer.cancel()
+            self._nap_future = None
 
     def _prepare(self, request: Request) -> None:
         self.client.prepare(request)  # the client times it (encode_ns): no second clock read here
@@ -178,6 +246,11 @@ class Engine:
         if waiting is not None and waiting.wire is None:
             self._prepare(waiting)
             return waiting.wire is not None  # a client that prepares nothing (the callable one) stays as it is
+        while self._later_unprepared:  # sessions' next turns, which have their think time to be built in
+            request = self._later_unprepared.popleft()
+            if request.wire is None:
+                self._prepare(request)
+                return request.wire is not None
         if len(self._ready) >= LOOKAHEAD_REQUESTS or self._ready_bytes >= LOOKAHEAD_BYTES:
             return False
         if self._next is None:
@@ -197,10 +270,11 @@ class Engine:
         clock after each sleep because timers may also fire early. Between prepares it yields to the
         loop at least every PREPARE_SLICE_NS, so responses are still read on time."""
         pc = time.perf_counter_ns
+        self._woken = False
         if self._unstarted:
             await asyncio.sleep(0)  # first let the requests just handed to their tasks be written
         yielded = pc()
-        while not self.stopping:
+        while not self.stopping and not self._woken:
             delay = when_ns - pc()
             if delay <= 0:
                 return
@@ -211,7 +285,7 @@ class Engine:
             elif delay <= self.spin_ns:
                 await asyncio.sleep(0)
             else:
-                await asyncio.sleep(min((delay - self.spin_ns) * 1e-9, STOP_POLL_S))
+                await self._nap(min((delay - self.spin_ns) * 1e-9, STOP_POLL_S))
             yielded = pc()
 
     async def _send_all(self) -> None:
@@ -219,28 +293,44 @@ class Engine:
         pc = time.perf_counter_ns
         count = self.measure.count
         since_yield = 0
-        while (request := self._take()) is not None:
+        while True:
+            request = self._peek()
+            if request is None:
+                if self.chat is None or not self.chat.live or self.stopping:
+                    break
+                self._due_ns = 0
+                await self._sleep_until(time.perf_counter_ns() + int(STOP_POLL_S * 1e9))  # until a turn or an end
+                continue
             cls, warm = request.cls, request.warmup
             self._due_ns = request.intended_ns
             if request.intended_ns > pc():
                 await self._sleep_until(request.intended_ns, request)
                 since_yield = 0
+                if self._woken and not self.stopping:  # a turn due earlier came in meanwhile: look again
+                    continue
             elif since_yield >= YIELD_EVERY:
                 await asyncio.sleep(0)
                 since_yield = 0
             if self.stopping:
                 return
-            self.consumed += 1
+            row = self._pop(request)
+            self.consumed += row
+            if request.turn == 1:
+                self.chat.starting(request)
             if self.in_flight >= self.cap:
                 if self.overflow == "drop":
                     count(cls, warm, DROPPED)
+                    if request.session is not None and (follow := self.chat.after(request, None)) is not None:
+                        self._push(follow)
                     continue
                 count(cls, warm, LATE)
                 while self.in_flight >= self.cap and not self.stopping:
                     self._slot_free.clear()
                     await self._slot_free.wait()
                 if self.stopping:
-                    self.consumed -= 1
+                    self.consumed -= row
+                    if request.session is not None:
+                        self._push(request)  # not sent: the sessions' count at the end sees it
                     return
             if request.wire is None:  # the window did not reach it: prepared now, its cost in send lag
                 self.client.prepare(request)
@@ -270,6 +360,11 @@ class Engine:
             self._slot_free.set()
         self.measure.record(request, outcome)
         self.settled += 1
+        if request.session is not None:
+            if (follow := self.chat.after(request, outcome)) is not None:
+                self._push(follow)
+            else:
+                self._wake()  # a session ended: the send loop may be waiting only for that
 
     @property
     def unaccounted(self) -> int:
@@ -338,6 +433,8 @@ class Engine:
             await self._sleep_until(self.t0_ns)
             await self._send_all()
             await self._drain()
+            if self.chat is not None:
+                self.chat.stop([entry[2] for entry in self._later])
         finally:
             gc.callbacks.remove(self._gc_callback)
             for helper in helpers:
@@ -357,6 +454,11 @@ class Engine:
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _settle(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 # -- the worker process ---------------------------------------------------------------------
@@ -437,6 +539,8 @@ async def _worker(spec: WorkerSpec, queue: Any, start_event: Any, t0_value: Any,
         probes=frozenset(np.intersect1d(after_idle(plan)[0], mine).tolist()),
         goodput=scenario.goodput_objectives(),
         secrets=secret_values(scenario),
+        sessions=(scenario, plan) if plan.turns is not None or plan.closed_loop else None,
+        blocks=plan.blocks,
     )
     settle_gc()
     try:

@@ -30,15 +30,21 @@ when it succeeded and met every objective of its class, judged here, exactly, on
 
 each met when value_us <= objective_ms × 1000. A good request counts in `good` and its output
 tokens in `good_output_tokens` (results.schema.COUNTERS); a failed, dropped or cancelled one never.
+
+A session's turn k is also recorded by turn: latency, ttft, itl and tpot under `turn.<metric>` with
+the class `<class>#k`, and its counters (completed, errors, prompt tokens, cached prompt tokens, the
+prompt tokens of answers that said how many were cached) in the report's `turns`. The prefix-cache
+hit rate is cached / cache_reported_prompt_tokens: only answers whose server said count.
 """
 
 from __future__ import annotations
 
 from latscope.records import IntervalReport, Outcome, Probe, Request
 from latscope.recorder import Recorder
-from latscope.results.schema import (COMPLETED, COUNTERS, ERROR_INDEX, GOOD, GOOD_OUTPUT_TOKENS, MAX_REPLICA_CLASSES,
-                                     OTHER_REPLICAS, OUTPUT_TOKENS, OUTPUT_TOKENS_USAGE, PROMPT_TOKENS, REPLICA_METRIC,
-                                     replica_class)
+from latscope.results.schema import (CACHE_REPORTED, CACHED_TOKENS, COMPLETED, COUNTERS, ERROR_INDEX, GOOD,
+                                     GOOD_OUTPUT_TOKENS, MAX_REPLICA_CLASSES, OTHER_REPLICAS, OUTPUT_TOKENS,
+                                     OUTPUT_TOKENS_USAGE, PROMPT_TOKENS, REPLICA_METRIC, TURN_CACHED, TURN_COMPLETED,
+                                     TURN_COUNTERS, TURN_ERRORS, TURN_PROMPT, TURN_REPORTED, replica_class, turn_class)
 from latscope.scenario import scrub
 
 MAX_ERROR_EXAMPLES = 5  # distinct error messages kept per kind
@@ -70,6 +76,8 @@ class IntervalRecorder:
         self.goodput = [goodput_limits(g) for g in goodput] if goodput else [None] * len(class_names)
         self.recorder = Recorder()
         self.counters: dict[tuple[int, bool], list[int]] = {}
+        self.turns: dict[tuple[int, int, bool], list[int]] = {}  # (class, turn, warm-up) -> TURN_COUNTERS
+        self._turn_names: dict[tuple[int, int], str] = {}  # (class, turn) -> its class#turn name
         self.error_examples: dict[str, list[str]] = {}  # for the whole run, not per interval
         # replica id -> (perf_counter_ns, latency µs or None for an error) of its first response, since the last report
         self.replicas_new: dict[str, tuple[int, int | None]] = {}
@@ -84,14 +92,16 @@ class IntervalRecorder:
             row = self.counters[(cls, warmup)] = [0] * len(COUNTERS)
         return row
 
-    def count(self, cls: int, warmup: bool, counter: int) -> None:
-        """One more of `counter` (an index of COUNTERS: SENT, DROPPED, ...) for (class, warmup)."""
-        self._row(cls, warmup)[counter] += 1
+    def count(self, cls: int, warmup: bool, counter: int, n: int = 1) -> None:
+        """`n` more of `counter` (an index of COUNTERS: SENT, DROPPED, ...) for (class, warmup)."""
+        self._row(cls, warmup)[counter] += n
 
     def record(self, request: Request, outcome: Outcome) -> None:
         """A sent request's outcome."""
         name, warm = self.class_names[request.cls], request.warmup
         record = self.recorder.record
+        if request.turn:
+            self._record_turn(request, outcome)
         record("send_lag", name, (outcome.sent_ns - request.intended_ns) // 1000, warm)
         latency_us = (outcome.end_ns - request.intended_ns) // 1000
         if request.seq in self.probes:
@@ -169,6 +179,39 @@ class IntervalRecorder:
         row[OUTPUT_TOKENS] += tokens
         if outcome.tokens_from_usage:
             row[OUTPUT_TOKENS_USAGE] += tokens
+        if outcome.cached_tokens >= 0:
+            row[CACHED_TOKENS] += outcome.cached_tokens
+            row[CACHE_REPORTED] += outcome.prompt_tokens
+
+    def _record_turn(self, request: Request, outcome: Outcome) -> None:
+        """A session turn's outcome, by turn (the module docstring)."""
+        key = (request.cls, request.turn)
+        name = self._turn_names.get(key) or self._turn_names.setdefault(key, turn_class(self.class_names[request.cls], request.turn))
+        row = self.turns.get((*key, request.warmup))
+        if row is None:
+            row = self.turns[(*key, request.warmup)] = [0] * len(TURN_COUNTERS)
+        if outcome.error is not None:
+            row[TURN_ERRORS] += 1
+            return
+        row[TURN_COMPLETED] += 1
+        row[TURN_PROMPT] += outcome.prompt_tokens or request.prompt_tokens
+        if outcome.cached_tokens >= 0:
+            row[TURN_CACHED] += outcome.cached_tokens
+            row[TURN_REPORTED] += outcome.prompt_tokens
+        record, warm, intended = self.recorder.record, request.warmup, request.intended_ns
+        record("turn.latency", name, (outcome.end_ns - intended) // 1000, warm)
+        times = outcome.token_ns
+        if times:
+            record("turn.ttft", name, (times[0] - intended) // 1000, warm)
+            for a, b in zip(times, times[1:]):
+                record("turn.itl", name, (b - a) // 1000, warm)
+            tokens = outcome.output_tokens or len(times)
+            if tokens > 1:
+                record("turn.tpot", name, (outcome.end_ns - times[0]) // 1000 // (tokens - 1), warm)
+
+    def record_session(self, cls: int, warmup: bool, duration_us: int) -> None:
+        """A completed session's duration (turn 1's intended time to its last answer's end)."""
+        self.recorder.record("session_duration", self.class_names[cls], duration_us, warmup)
 
     def record_generator(self, metric: str, value_us: int, warmup: bool) -> None:
         """A measurement of the generator itself (loop_lag, gc_pause), under class "all"."""
@@ -180,7 +223,9 @@ class IntervalRecorder:
         counters, self.counters = self.counters, {}
         replicas, self.replicas_new = self.replicas_new, {}
         probes, self.probes_new = self.probes_new, []
-        return IntervalReport(interval, histograms, clamped, counters, in_flight, replicas, probes, self.first_ok)
+        turns, self.turns = self.turns, {}
+        return IntervalReport(interval, histograms, clamped, counters, in_flight, replicas, probes, self.first_ok,
+                              turns=turns)
 
 
 def _is_good(request: Request, outcome: Outcome, latency_us: int, limits: GoodputLimits) -> bool:

@@ -16,7 +16,8 @@ import numpy as np
 from latscope import arrivals
 from latscope.scenario import PROTOCOLS, LengthDist, Phase, Scenario
 from latscope.scenario.base import DataPath
-from latscope.workload import draw_lengths, seed_streams
+from latscope.sessions import Turns, draw_sessions
+from latscope.workload import SESSION_STREAM, draw_lengths, plays_conversations, read_conversations, seed_streams
 
 # A gap of at least this long in the schedule (a trace's lull) counts as idle, like an idle phase:
 # long enough for a target that scales to zero to have done so on a short timeout.
@@ -46,6 +47,16 @@ class Plan:
     prompt_tokens: np.ndarray  # int32
     output_tokens: np.ndarray  # int32
     item: np.ndarray  # int64
+    # Sessions (sessions.py): the row's session in `turns` (-1: a request on its own; a session row's
+    # lengths and item above are its first turn's), and the closed-loop user a row starts (-1: none;
+    # such a row is no request: its user draws sessions of its own while its phase lasts).
+    session: np.ndarray | None = None  # int64 per row, None: no sessions
+    turns: Turns | None = None
+    user: np.ndarray | None = None  # int32 per row, None: no closed-loop phase
+    session_seed: int = 0  # the entropy closed-loop users draw their sessions from (sessions.user_session)
+    # A Mooncake trace's prompt blocks (mooncake.py): row i's block ids are hash_ids[hash_start[i]:hash_start[i + 1]],
+    # each block block_tokens[i] tokens (0: the row's prompt is not built from blocks)
+    blocks: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # (hash_ids, hash_start, block_tokens)
 
     @property
     def duration_s(self) -> float:
@@ -60,6 +71,22 @@ class Plan:
 
     def __len__(self) -> int:
         return len(self.offsets_s)
+
+    @property
+    def planned_requests(self) -> np.ndarray:
+        """Requests each row plans (int64): 1, a session's turns, or 0 for a closed-loop user's row
+        (what its user sends depends on the server's speed)."""
+        weights = np.ones(len(self), np.int64)
+        if self.session is not None and self.turns is not None:
+            mine = self.session >= 0
+            weights[mine] = self.turns.count[self.session[mine]]
+        if self.user is not None:
+            weights[self.user >= 0] = 0
+        return weights
+
+    @property
+    def closed_loop(self) -> bool:
+        return self.user is not None
 
     def worker_slice(self, index: int, workers: int) -> np.ndarray:
         """Indices of the requests worker `index` of `workers` sends (round robin keeps each worker's
@@ -107,7 +134,7 @@ def build_plan(scenario: Scenario) -> Plan:
         mine = np.flatnonzero(cls == c)
         prompt = wc.prompt_tokens
         if prompt is None and wc.dataset is None:  # the protocol's default prompt (openai), if it has one
-            prompt_tokens[mine] = PROTOCOLS[scenario.endpoint(c).protocol].default_prompt_tokens
+            prompt_tokens[mine] = default_prompt(scenario, c)
         elif prompt is not None:
             prompt_tokens[mine] = _draw(scenario, ("workload", "classes", c, "prompt_tokens"), prompt, len(mine), rng)
         if wc.output_tokens is not None:
@@ -119,7 +146,83 @@ def build_plan(scenario: Scenario) -> Plan:
             target[values > 0] = values[values > 0]
     _check_prompts(scenario, prompt_tokens, cls, phase)
     item = rng.integers(0, 2**62, size=n, dtype=np.int64)
-    return Plan(offsets_s, phase, cls, phases, names, prompt_tokens, output_tokens, item)
+    users = _users(scenario, phase)
+    session, turns = _sessions(scenario, cls, users, seeds, prompt_tokens, output_tokens, item)
+    return Plan(offsets_s, phase, cls, phases, names, prompt_tokens, output_tokens, item, session, turns, users,
+                int(seeds[len(scenario.phases) + SESSION_STREAM].generate_state(1, np.uint64)[0]),
+                _blocks(trace_lengths, phase_ids, n))
+
+
+def _blocks(trace_lengths: list[dict[str, np.ndarray]], phase_ids: list[np.ndarray],
+            n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The Mooncake phases' block ids of the plan's first `n` rows, as one CSR (other rows: none)."""
+    if not any("hash_ids" in lengths for lengths in trace_lengths):
+        return None
+    ids, counts, block_tokens = [], [], []
+    for lengths, rows in zip(trace_lengths, phase_ids):
+        if "hash_ids" in lengths:
+            ids.append(lengths["hash_ids"])
+            counts.append(np.diff(lengths["hash_start"]))
+            block_tokens.append(lengths["block_tokens"])
+        else:
+            counts.append(np.zeros(len(rows), np.int64))
+            block_tokens.append(np.zeros(len(rows), np.int32))
+    counts_n = np.concatenate(counts)[:n]
+    start = np.concatenate(([0], np.cumsum(counts_n))).astype(np.int64)
+    return np.concatenate(ids)[: start[-1]], start, np.concatenate(block_tokens)[:n]
+
+
+def _users(scenario: Scenario, phase: np.ndarray) -> np.ndarray | None:
+    """Each row's closed-loop user (numbered across the run), -1 for an arrival; None without users phases."""
+    closed = np.array([p.arrival.type == "users" for p in scenario.phases], bool)
+    if not closed.any():
+        return None
+    rows = closed[phase]
+    users = np.full(len(phase), -1, np.int32)
+    users[rows] = np.arange(int(rows.sum()), dtype=np.int32)
+    return users
+
+
+def _sessions(scenario: Scenario, cls: np.ndarray, users: np.ndarray | None, seeds: list, prompt_tokens: np.ndarray,
+              output_tokens: np.ndarray, item: np.ndarray) -> tuple[np.ndarray | None, Turns | None]:
+    """The open-loop session rows' sessions (class by class), their first turns written into the rows."""
+    classes = scenario.workload.effective_classes()
+    if not any(c.session for c in classes):
+        return None, None
+    rng = np.random.default_rng(seeds[len(scenario.phases) + SESSION_STREAM].spawn(1)[0])
+    session = np.full(len(cls), -1, np.int64)
+    parts: list[Turns] = []
+    count = 0
+    for c, wc in enumerate(classes):
+        if wc.session is None:
+            continue
+        mine = np.flatnonzero((cls == c) & (users < 0 if users is not None else True))
+        drawn = draw_sessions(scenario, c, len(mine), rng, default_prompt(scenario, c), human_turns(scenario, c))
+        session[mine] = count + np.arange(len(mine))
+        first = drawn.first
+        prompt_tokens[mine], output_tokens[mine], item[mine] = (drawn.prompt_tokens[first], drawn.output_tokens[first],
+                                                                drawn.item[first])
+        parts.append(drawn)
+        count += len(mine)
+    starts = np.cumsum([0] + [len(p.prompt_tokens) for p in parts[:-1]])
+    turns = Turns(np.concatenate([p.first + s for p, s in zip(parts, starts)]),
+                  *(np.concatenate([getattr(p, f) for p in parts])
+                    for f in ("count", "prefix", "prompt_tokens", "output_tokens", "think_s", "item")))
+    return session, turns
+
+
+def default_prompt(scenario: Scenario, c: int) -> int:
+    """The prompt length of a class that gives none and has no dataset: its protocol's default (openai)."""
+    return PROTOCOLS[scenario.endpoint(c).protocol].default_prompt_tokens
+
+
+def human_turns(scenario: Scenario, c: int) -> list[int] | None:
+    """How many human turns each of a class's ShareGPT conversations has, when its sessions play them."""
+    wc = scenario.workload.effective_classes()[c]
+    if not plays_conversations(wc):
+        return None
+    with scenario.about(("workload", "classes", c, "dataset", "file")):
+        return [len(t) for t in read_conversations(scenario.resolve_path(wc.dataset.file))]
 
 
 def _draw(scenario: Scenario, path: DataPath, dist: LengthDist, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -180,6 +283,39 @@ def _check_prompts(scenario: Scenario, prompt_tokens: np.ndarray, cls: np.ndarra
     else:
         path, hint = ("workload", "classes", int(cls[at]), "prompt_tokens"), ""
     raise scenario.problem(path, f"prompts of up to {longest:,} tokens; the limit is {limit:,} (limits.max_prompt_tokens){hint}")
+
+
+def schedule_table(plan: Plan) -> dict[str, np.ndarray]:
+    """schedule.parquet's columns (results.schema.SCHEDULE_COLUMNS): the plan's rows, then its
+    sessions' later turns (intended_s NaN: due think_s after the answer before), so that row i is the
+    request whose seq is i (chat.py numbers them so). A session's row is its turn 1; a closed-loop
+    user's row has turn −1 (it is no request)."""
+    n = len(plan)
+    session = plan.session if plan.session is not None else np.full(n, -1, np.int64)
+    turn = np.where(session >= 0, 1, 0).astype(np.int16)
+    if plan.user is not None:
+        turn[plan.user >= 0] = -1
+    think = np.zeros(n)
+    columns = {"intended_s": plan.offsets_s, "phase": plan.phase, "cls": plan.cls, "prompt_tokens": plan.prompt_tokens,
+               "output_tokens": plan.output_tokens, "session": session, "turn": turn, "think_s": think}
+    if plan.turns is not None and len(plan.turns):
+        t = plan.turns
+        later = np.ones(len(t.prompt_tokens), bool)
+        later[t.first] = False  # turn 1 of each session is its row
+        owner = np.repeat(np.arange(len(t)), t.count)  # each turn's session
+        row_of = np.empty(len(t), np.int64)
+        row_of[session[session >= 0]] = np.flatnonzero(session >= 0)
+        rows = row_of[owner[later]]
+        index = np.arange(len(t.prompt_tokens)) - t.first[owner] + 1  # each turn's number
+        extra = {"intended_s": np.full(int(later.sum()), np.nan), "phase": plan.phase[rows], "cls": plan.cls[rows],
+                 "prompt_tokens": t.prompt_tokens[later], "output_tokens": t.output_tokens[later], "session": owner[later],
+                 "turn": index[later].astype(np.int16), "think_s": t.think_s[later]}
+        columns = {k: np.concatenate([v, extra[k]]) for k, v in columns.items()}
+    names = {"phase": np.array([p.name for p in plan.phases]), "cls": np.array(plan.class_names)}
+    return {"intended_s": columns["intended_s"],
+            "phase": names["phase"][columns["phase"]] if len(columns["phase"]) else np.array([], str),
+            "class": names["cls"][columns["cls"]] if len(columns["cls"]) else np.array([], str),
+            **{k: columns[k] for k in ("prompt_tokens", "output_tokens", "session", "turn", "think_s")}}
 
 
 def after_idle(plan: Plan) -> tuple[np.ndarray, np.ndarray]:

@@ -27,6 +27,9 @@ class Request:
     prompt_tokens: int = 0  # planned prompt length in tokens (0: the class sends no prompt)
     output_tokens: int = 0  # planned output length, sent as max_tokens (0: not set)
     item: int = 0  # which dataset row / tensor of the class's pool (taken modulo the pool's size)
+    blocks: tuple[Any, int] | None = None  # a Mooncake trace's prompt: (its block ids, tokens a block); see mooncake.py
+    turn: int = 0  # a session's turn, from 1 (0: not part of a session)
+    session: Conversation | None = None  # the session it is a turn of
     # Filled by the client's `prepare`, ahead of the intended time (the engine's look-ahead window),
     # so that at that time sending is a stamp and a write.
     wire: Any = None  # the request ready to go, in the client's own form (bytes for HTTP); None: not prepared
@@ -56,6 +59,25 @@ class Outcome:
     decode_ns: int = 0
     server_timing: dict[str, float] | None = None  # Server-Timing durations (ms) by name
     replica: str | None = None  # the replica that answered (X-Replica-Id), when the server says
+    cached_tokens: int = -1  # prompt tokens the server took from its prefix cache (usage.prompt_tokens_details); -1: not said
+
+
+@dataclass(slots=True)
+class Conversation:
+    """One session in progress in a worker (chat.py keeps them; sessions.py planned their turns).
+    The client builds each turn from it and, after a successful answer, adds the turn and the answer
+    to `history`, in the client's own form (for the OpenAI client: the serialized messages so far),
+    so a long history is appended to, never serialized again."""
+
+    id: int  # the session's number: the plan row it started from, or a closed-loop user's next
+    cls: int
+    carry: bool  # each turn carries the earlier turns and their answers
+    prefix: int  # shared-prefix variant, -1: none
+    turns: int  # how many turns it plans
+    started_ns: int  # turn 1's intended time
+    user: int = -1  # the closed-loop user running it (-1: an open-loop session)
+    history: Any = None  # the client's form of the turns so far (None: none yet)
+    pending: Any = None  # the turn being sent, in the client's form, added to history with its answer
 
 
 @dataclass(slots=True)
@@ -83,6 +105,7 @@ class IntervalReport:
     probes: list[Probe]
     first_ok: tuple[int, int] | None  # (end_ns, latency µs) of this worker's first successful response so far
     worker: int = -1  # set by the worker process that sends it
+    turns: dict[tuple[int, int, bool], list[int]] = field(default_factory=dict)  # (class, turn, warm-up) -> results.schema.TURN_COUNTERS
 
 
 @dataclass(slots=True)

@@ -21,10 +21,11 @@ from pathlib import Path
 import numpy as np
 
 from latscope.errors import ScenarioError
+from latscope.mooncake import block_prompt
 from latscope.records import Request
 from latscope.scenario import Dataset, LengthDist, Scenario, TensorSpec
 from latscope.scenario.base import DataPath
-from latscope.scenario.workload import DTYPES
+from latscope.scenario.workload import DTYPES, WorkloadClass
 
 # Common English words that tokenize as a single token with a leading space in mainstream BPE
 # vocabularies (checked against GPT-2's and Llama's merges: all are whole-word entries).
@@ -40,6 +41,7 @@ VOCABULARY = (
 ).split()
 TEXT_WORDS = 1 << 16  # the synthetic text prompts are cut from (a prompt longer than this repeats it)
 TENSOR_POOL = 4  # random tensors kept per class; requests cycle through them
+MAX_PREFIXES_KEPT = 4096  # shared-prefix texts kept built (per worker); more variants are built when used
 DATATYPES = {dtype: name for name, dtype in DTYPES.items()}  # numpy dtype -> KServe v2 datatype
 
 
@@ -61,9 +63,13 @@ class Payload:
 
 def seed_streams(scenario: Scenario) -> list[np.random.SeedSequence]:
     """The scenario's independent random streams, by position: one per phase (arrivals), then class
-    draws, per-request lengths, and the payload contents (synthetic text, random tensors). Adding a
-    stream at the end never changes the ones before it."""
-    return np.random.SeedSequence(scenario.seed).spawn(len(scenario.phases) + 3)
+    draws, per-request lengths, the payload contents (synthetic text, random tensors: `PAYLOAD_STREAM`
+    after the phases'), and sessions (sessions.py). Adding a stream at the end never changes the ones
+    before it."""
+    return np.random.SeedSequence(scenario.seed).spawn(len(scenario.phases) + 4)
+
+
+PAYLOAD_STREAM, SESSION_STREAM = 2, 3  # after the phases' streams
 
 
 # -- lengths (used by the plan) ---------------------------------------------------------------
@@ -121,20 +127,29 @@ def read_lengths(path: Path, column: str | None) -> np.ndarray:
 # -- payloads (used by the protocols, in the workers) -----------------------------------------
 
 
-def read_dataset(dataset: Dataset, path: Path) -> list[str]:
-    """The prompts of a dataset file: JSONL (one object per line) or, for ShareGPT, a JSON array too."""
+def _dataset_rows(path: Path) -> list:
     if not path.is_file():
         raise ScenarioError(f"dataset {path}: not found")
     try:
         text = path.read_text()
-        rows = json.loads(text) if text.lstrip().startswith("[") else [json.loads(l) for l in text.splitlines() if l.strip()]
+        return json.loads(text) if text.lstrip().startswith("[") else [json.loads(l) for l in text.splitlines() if l.strip()]
     except (ValueError, OSError, UnicodeDecodeError) as exc:
         raise ScenarioError(f"dataset {path}: not JSON lines ({exc})") from None
+
+
+def _human_turns(row: object) -> list[str]:
+    """A ShareGPT conversation's human turns (`conversations[].from` human or user), in order."""
+    turns = (row.get("conversations") or []) if isinstance(row, dict) else []
+    return [t["value"] for t in turns if isinstance(t, dict) and t.get("from") in ("human", "user")
+            and isinstance(t.get("value"), str) and t["value"].strip()]
+
+
+def read_dataset(dataset: Dataset, path: Path) -> list[str]:
+    """The prompts of a dataset file: JSONL (one object per line) or, for ShareGPT, a JSON array too."""
     prompts = []
-    for row in rows:
+    for row in _dataset_rows(path):
         if dataset.format == "sharegpt":
-            turns = (row.get("conversations") or []) if isinstance(row, dict) else []
-            prompt = next((t.get("value") for t in turns if isinstance(t, dict) and t.get("from") in ("human", "user")), None)
+            prompt = next(iter(_human_turns(row)), None)
         else:
             prompt = row.get(dataset.field) if isinstance(row, dict) else None
         if isinstance(prompt, str) and prompt.strip():
@@ -143,6 +158,14 @@ def read_dataset(dataset: Dataset, path: Path) -> list[str]:
         what = "conversations with a human turn" if dataset.format == "sharegpt" else f"rows with a text field {dataset.field!r}"
         raise ScenarioError(f"dataset {path}: no {what}")
     return prompts
+
+
+def read_conversations(path: Path) -> list[list[str]]:
+    """A ShareGPT file's conversations, each as its human turns in order (those without any left out)."""
+    conversations = [turns for row in _dataset_rows(path) if (turns := _human_turns(row))]
+    if not conversations:
+        raise ScenarioError(f"dataset {path}: no conversations with a human turn")
+    return conversations
 
 
 def make_tensors(specs: list[TensorSpec], rng: np.random.Generator, scenario: Scenario, where: DataPath) -> list[Tensor]:
@@ -179,20 +202,32 @@ def _load_npy(path: Path, scenario: Scenario, where: DataPath) -> tuple[str, np.
         raise scenario.problem(where, f"cannot load {path} ({exc})") from None
 
 
+def plays_conversations(wc: WorkloadClass) -> bool:
+    """Whether a class's sessions play a ShareGPT dataset's conversations (their human turns in order)."""
+    return wc.session is not None and wc.dataset is not None and wc.dataset.format == "sharegpt"
+
+
 class Payloads:
     """Builds each request's payload in a worker. Datasets and tensors are loaded once, here, so a
     broken file fails the run before it starts (the parent builds one to check)."""
 
     def __init__(self, scenario: Scenario):
         classes = scenario.workload.effective_classes()
-        rng = np.random.default_rng(seed_streams(scenario)[-1])
+        rng = np.random.default_rng(seed_streams(scenario)[len(scenario.phases) + PAYLOAD_STREAM])
         words = np.array(VOCABULARY)[rng.integers(0, len(VOCABULARY), size=TEXT_WORDS)]
         self._words: list[str] = words.tolist()
         self._datasets: list[list[str] | None] = [None] * len(classes)
+        self._conversations: list[list[list[str]] | None] = [None] * len(classes)
         for i, c in enumerate(classes):
             if c.dataset:
                 with scenario.about(("workload", "classes", i, "dataset", "file")):
                     self._datasets[i] = read_dataset(c.dataset, scenario.resolve_path(c.dataset.file))
+                    if plays_conversations(c):
+                        self._conversations[i] = read_conversations(scenario.resolve_path(c.dataset.file))
+        self._prefix_tokens = [c.session.shared_prefix.tokens if c.session and c.session.shared_prefix else 0
+                               for c in classes]
+        self._prefixes: dict[tuple[int, int], str] = {}
+        self._seed = scenario.seed
         self._tensors = [[make_tensors(c.tensors, rng, scenario, ("workload", "classes", i, "tensors"))
                           for _ in range(TENSOR_POOL)] if c.tensors else None for i, c in enumerate(classes)]
 
@@ -204,10 +239,29 @@ class Payloads:
             return " ".join(words[start : start + tokens])
         return " ".join((words[start:] + words * (tokens // n + 1))[:tokens])
 
+    def prefix(self, cls: int, variant: int) -> str:
+        """Shared-prefix variant `variant` of class `cls` (a session's system prompt): the same text
+        every time, from a place in the synthetic text that depends only on (class, variant)."""
+        key = (cls, variant)
+        text = self._prefixes.get(key)
+        if text is None:
+            start = int(np.random.default_rng([cls, variant]).integers(0, len(self._words)))
+            text = self.synthetic_prompt(self._prefix_tokens[cls], start)
+            if len(self._prefixes) < MAX_PREFIXES_KEPT:
+                self._prefixes[key] = text
+        return text
+
     def get(self, request: Request) -> Payload:
         payload = Payload(max_tokens=request.output_tokens or None)
         dataset, tensors = self._datasets[request.cls], self._tensors[request.cls]
-        if dataset is not None:
+        conversations = self._conversations[request.cls]
+        if conversations is not None and request.turn:  # a session's turn k: its conversation's k-th human turn
+            turns = conversations[request.item % len(conversations)]
+            payload.prompt = turns[min(request.turn, len(turns)) - 1]
+        elif request.blocks is not None:  # a Mooncake trace's: its blocks' text, shared as the trace shares them
+            ids, block_tokens = request.blocks
+            payload.prompt = block_prompt(ids, request.prompt_tokens, block_tokens, VOCABULARY, self._seed)
+        elif dataset is not None:
             payload.prompt = dataset[request.item % len(dataset)]
         elif request.prompt_tokens:
             payload.prompt = self.synthetic_prompt(request.prompt_tokens, request.item)

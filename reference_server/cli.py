@@ -79,6 +79,9 @@ def main() -> None:
          help="Sequences decoded together (continuous batching); more wait, up to --max-queue, then 429.")
 @_option("--max-tokens-limit", type=click.IntRange(min=1), default=512,
          help="Largest max_tokens a generation request may ask for (the context, 1024 tokens, also bounds it).")
+@_option("--prefix-cache-mb", type=click.IntRange(min=0), default=256,
+         help="MiB of prompt-prefix keys and values the decoder keeps for reuse (blocks of 16 tokens, least "
+              "recently used evicted first); 0 turns prefix caching off.")
 def serve(**flags) -> None:
     """Serve the model until SIGTERM/SIGINT; prints 'ready http://HOST:PORT' once it accepts traffic."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -54,6 +54,10 @@ class ServerConfig:
     decoder_layers: int | None = None  # None: the decoder's default
     max_sequences: int = 64  # sequences decoded together; more wait (up to max_queue, then 429)
     max_tokens_limit: int = 512  # largest max_tokens a request may ask for
+    # MiB of cached prompt-prefix keys and values (prefix_cache.py); 0 = off. 256 MiB holds 2048 blocks of the
+    # default decoder (128 KiB per 16 tokens), 32k tokens: 32 full 1024-token conversations, half of what the
+    # decode batch itself can hold (64 sequences x 1024 tokens x 8 KiB = 512 MiB), small for any host.
+    prefix_cache_mb: int = 256
 
 
 def resolve_model(config: ServerConfig) -> Path:

@@ -6,20 +6,30 @@ await; a full waiting queue raises `Overloaded` at once) and reads tokens from t
 request's event loop with `loop.call_soon_threadsafe` as soon as it exists.
 
 The inference thread loops:
-1. admit waiting requests while there are free sequence slots (`max_sequences`) and the prompts fit
-   the per-iteration prefill budget (`max_prefill_tokens`; at least one is always admitted);
-2. prefill them, several at once when they arrived together (grouped by power-of-two prompt length,
-   left-padded within a group); each prefill yields its sequence's first token;
+1. admit waiting requests while there are free sequence slots (`max_sequences`) and the prompt tokens
+   to compute fit the per-iteration prefill budget (`max_prefill_tokens`; at least one is always
+   admitted); with a prefix cache (prefix_cache.py) each admitted prompt takes its longest cached prefix
+   of full blocks, always leaving at least its last token to compute;
+2. prefill them, several at once when they arrived together: a group shares its cached length (so the
+   cached keys and values stack into one past tensor with no padding) and the power-of-two bucket of its
+   tokens to compute, which are left-padded; each prefill yields its sequence's first token, then the
+   prompts' full blocks that were computed go into the prefix cache;
 3. merge them into the decode batch, then run one decode step for every active sequence together.
 A sequence leaves the batch when it has `max_tokens` tokens (greedy argmax; there is no end-of-sequence
 token, so every answer is exactly max_tokens long) or when its client cancels it.
 
 KV cache layout: the decode batch keeps, per layer, one key and one value array [rows, heads, T, head_dim]
 and an attention mask [rows, T]. Every row is **left-padded**: its real tokens are its last `length`
-columns, the columns before are zeros with mask 0. A decode step appends one column to every row, so
-rows stay right-aligned; a row that joins is left-padded (or the batch is) to the wider of the two;
-when rows leave, leading columns that no remaining row attends are cut off. Positions are per row
-(0 … length-1), so padding never shifts them, and the graph's last-position logits are each row's own.
+columns (but for the gap below), the columns before are padding with mask 0. A decode step appends one
+column to every row, so rows stay right-aligned; a row that joins is left-padded (or the batch is) to
+the wider of the two; when rows leave, leading columns that no remaining row attends are cut off.
+Positions are per row (0 … length-1), so padding never shifts them, and the graph's last-position
+logits are each row's own.
+A prefill with a cached prefix feeds it as past and the rest of the prompt as new tokens (positions
+from the cached length on); in a group whose rows compute different numbers of tokens, a shorter row
+comes out as [cached][padding][new] and keeps that gap while it decodes: attention does not depend on
+the order of the columns (positions travel in the keys), and masked columns get exactly zero weight
+(exp of -1e9 underflows), so cached or not, padded or not, a sequence gets the same tokens.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ import numpy as np
 
 from reference_server.batcher import Overloaded
 from reference_server.decoder import DecoderConfig, empty_cache, past_names, present_names
+from reference_server.prefix_cache import BLOCK_TOKENS, PrefixCache, block_keys, usable_blocks
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +55,10 @@ PrefillObserver = Callable[[int, int, int], None]
 """Called from the inference thread after each prefill run with (rows, padded tokens, compute ns)."""
 StepObserver = Callable[[int, int], None]
 """Called from the inference thread after each decode step with (rows, compute ns)."""
+PromptObserver = Callable[[int, int], None]
+"""Called from the inference thread after each prefill run with (prompt tokens, of which taken from the cache)."""
 
-MAX_PREFILL_TOKENS = 4096  # prompt tokens prefilled between two decode steps (one long prompt always fits)
+MAX_PREFILL_TOKENS = 4096  # prompt tokens computed between two decode steps (one long prompt always fits)
 
 
 class ContextTooLong(ValueError):
@@ -77,6 +90,7 @@ class Generation:
         self.prefill_start_ns = 0
         self.prefill_ns = 0  # the prefill run of this sequence's group
         self.prefill_rows = 0  # sequences in that run
+        self.cached_tokens = 0  # prompt tokens taken from the prefix cache (set before its prefill)
         self.first_token_ns = 0
         self.last_token_ns = 0
         self.generated = 0
@@ -85,9 +99,12 @@ class Generation:
         self._events: asyncio.Queue = asyncio.Queue()
         self._ended = False
         self._error: BaseException | None = None
-        # Inference-thread state: tokens in this row's KV cache, and the token to feed next.
+        # Inference-thread state: tokens in this row's KV cache, and the token to feed next; the prompt's
+        # prefix-cache keys (computed once) and the cached blocks its prefill will use.
         self._length = 0
         self._next = 0
+        self._keys: list[bytes] | None = None
+        self._hit: list[np.ndarray] = []
 
     @property
     def queue_ns(self) -> int:
@@ -197,7 +214,8 @@ def _active(g: Generation) -> bool:
 class Generator:
     def __init__(self, run: RunFn, config: DecoderConfig, *, max_sequences: int, max_waiting: int,
                  max_prefill_tokens: int = MAX_PREFILL_TOKENS, on_prefill: PrefillObserver | None = None,
-                 on_step: StepObserver | None = None) -> None:
+                 on_step: StepObserver | None = None, prefix_cache: PrefixCache | None = None,
+                 on_prompt: PromptObserver | None = None) -> None:
         if max_sequences < 1 or max_waiting < 1 or max_prefill_tokens < 1:
             raise ValueError("max_sequences, max_waiting and max_prefill_tokens must be >= 1")
         self._run_fn = run
@@ -207,6 +225,8 @@ class Generator:
         self.max_prefill_tokens = max_prefill_tokens
         self._on_prefill = on_prefill
         self._on_step = on_step
+        self._on_prompt = on_prompt
+        self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache(0)  # owned by the thread
         self._past = past_names(config.layers)
         self._present = present_names(config.layers)
         self._waiting: deque[Generation] = deque()
@@ -298,33 +318,47 @@ class Generator:
                 if head.cancelled:
                     self._waiting.popleft()
                     continue
-                if taken and tokens + head.prompt.size > self.max_prefill_tokens:
+                self._look_up(head)  # under the lock: hashing once (~50 us for 1024 tokens), then a dict walk
+                if taken and tokens + head.prompt.size - head.cached_tokens > self.max_prefill_tokens:
+                    head._hit, head.cached_tokens = [], 0  # looked up again when its turn comes
                     break
                 taken.append(self._waiting.popleft())
-                tokens += head.prompt.size
+                tokens += head.prompt.size - head.cached_tokens
             return taken
+
+    def _look_up(self, g: Generation) -> None:
+        """Take the longest cached prefix of g's prompt, in full blocks, leaving at least one token to compute."""
+        if not self.prefix_cache.enabled:
+            return
+        if g._keys is None:
+            g._keys = block_keys(g.prompt)
+        g._hit = self.prefix_cache.lookup(g._keys, usable_blocks(g.prompt.size))
+        g.cached_tokens = len(g._hit) * BLOCK_TOKENS
 
     @staticmethod
     def _groups(admitted: list[Generation]) -> list[list[Generation]]:
-        """Prefill groups: same power-of-two prompt-length bucket, so a short prompt never pays for a long one."""
-        groups: dict[int, list[Generation]] = {}
+        """Prefill groups: same cached length, and same power-of-two bucket of tokens to compute, so a short
+        prompt never pays for a long one; shortest first."""
+        groups: dict[tuple[int, int], list[Generation]] = {}
         for g in admitted:
-            groups.setdefault(_bucket(g.prompt.size), []).append(g)
+            groups.setdefault((_bucket(g.prompt.size - g.cached_tokens), g.cached_tokens), []).append(g)
         return [groups[k] for k in sorted(groups)]
 
     def _prefill(self, group: list[Generation], batch: _Batch) -> None:
-        rows, width = len(group), max(g.prompt.size for g in group)
+        rows, past = len(group), group[0].cached_tokens  # the group shares its cached length (_groups)
+        new = [g.prompt.size - past for g in group]
+        width = max(new)
         ids = np.zeros((rows, width), np.int64)
         positions = np.zeros((rows, width), np.int64)
-        mask = np.zeros((rows, width), np.int64)
-        for i, g in enumerate(group):  # left-pad: real tokens in the last columns
-            n = g.prompt.size
-            ids[i, width - n:] = g.prompt
-            positions[i, width - n:] = np.arange(n)
-            mask[i, width - n:] = 1
+        mask = np.zeros((rows, past + width), np.int64)
+        mask[:, :past] = 1
+        for i, (g, n) in enumerate(zip(group, new)):  # left-pad the new tokens: real ones in the last columns
+            ids[i, width - n:] = g.prompt[past:]
+            positions[i, width - n:] = np.arange(past, g.prompt.size)
+            mask[i, past + width - n:] = 1
+        start = time.perf_counter_ns()  # the prefill includes gathering the cached blocks, which costs a copy
         inputs = {"input_ids": ids, "position_ids": positions, "attention_mask": mask,
-                  **empty_cache(self.config, rows)}
-        start = time.perf_counter_ns()
+                  **self._past_inputs(group, past)}
         for g in group:
             g.prefill_start_ns = start
         try:
@@ -336,15 +370,47 @@ class Generator:
         end = time.perf_counter_ns()
         if self._on_prefill:
             self._on_prefill(rows, rows * width, end - start)
+        if self._on_prompt:
+            self._on_prompt(sum(g.prompt.size for g in group), rows * past)
         for g in group:
-            g.prefill_ns, g.prefill_rows, g._length = end - start, rows, g.prompt.size
+            g.prefill_ns, g.prefill_rows, g._length, g._hit = end - start, rows, g.prompt.size, []
         self._emit(group, outputs["logits"].argmax(axis=-1), end)
+        cache = [outputs[name] for name in self._present]
+        self._store(group, cache, past, width)
         keep = [i for i, g in enumerate(group) if _active(g)]
         if len(keep) == rows:
-            batch.add(group, [outputs[name] for name in self._present], mask)
+            batch.add(group, cache, mask)
         elif keep:
             index = np.array(keep)
-            batch.add([group[i] for i in keep], [outputs[name][index] for name in self._present], mask[index])
+            batch.add([group[i] for i in keep], [a[index] for a in cache], mask[index])
+
+    def _past_inputs(self, group: list[Generation], past: int) -> dict[str, np.ndarray]:
+        """The past_* inputs of a prefill: the rows' cached blocks side by side (all `past` tokens long)."""
+        if not past:
+            return empty_cache(self.config, len(group))
+        cfg = self.config
+        stacked = np.empty((len(self._past), len(group), cfg.heads, past, cfg.head_dim), np.float32)
+        for i, g in enumerate(group):
+            for j, block in enumerate(g._hit):  # block: [2 * layers, heads, BLOCK_TOKENS, head_dim]
+                stacked[:, i, :, j * BLOCK_TOKENS:(j + 1) * BLOCK_TOKENS] = block
+        return {name: stacked[k] for k, name in enumerate(self._past)}
+
+    def _store(self, group: list[Generation], cache: list[np.ndarray], past: int, width: int) -> None:
+        """Put the prompts' full blocks into the prefix cache (those already there are only marked used).
+        In the presents of a prefill with `past` cached and `width` new columns, prompt position p of a row that
+        computed n tokens is column p when cached (p < past), else p + width - n (its padding comes first)."""
+        if not self.prefix_cache.enabled:
+            return
+        for i, g in enumerate(group):
+            gap = width - (g.prompt.size - past)
+
+            def block(j: int, i: int = i, gap: int = gap) -> np.ndarray:
+                # A cached block is normally present already; it is stored again from here when it was evicted
+                # after this prompt looked it up (by an earlier group's blocks).
+                start = j * BLOCK_TOKENS + (gap if j * BLOCK_TOKENS >= past else 0)
+                return np.stack([a[i, :, start:start + BLOCK_TOKENS] for a in cache])
+
+            self.prefix_cache.insert(g._keys or [], block)
 
     def _decode(self, batch: _Batch) -> None:
         rows = len(batch)

@@ -127,6 +127,17 @@ class Metrics:
         self.active_sequences = Gauge(f"{PREFIX}_active_sequences", "Sequences being decoded", registry=r)
         self.waiting_sequences = Gauge(f"{PREFIX}_waiting_sequences", "Generation requests waiting for a "
                                        "sequence slot", registry=r)
+        # Prefix caching (prefix_cache.py): hit rate = hits / queries, both in prompt tokens (vLLM's two counters).
+        self.prefix_cache_queries = Counter(f"{PREFIX}_prefix_cache_queries_tokens", "Prompt tokens prefilled "
+                                            "(cached or computed)", registry=r)
+        self.prefix_cache_hits = Counter(f"{PREFIX}_prefix_cache_hits_tokens", "Prompt tokens taken from the "
+                                         "prefix cache instead of computed", registry=r)
+        self.prefix_cache_evictions = Counter(f"{PREFIX}_prefix_cache_evicted_blocks", "Prefix-cache blocks "
+                                              "evicted (least recently used) to make room", registry=r)
+        self.prefix_cache_bytes = Gauge(f"{PREFIX}_prefix_cache_bytes", "Bytes of keys and values held by the "
+                                        "prefix cache", registry=r)
+        self.prefix_cache_capacity_bytes = Gauge(f"{PREFIX}_prefix_cache_capacity_bytes", "Bound of the prefix "
+                                                 "cache (--prefix-cache-mb); 0: off", registry=r)
         self.gc = GcPauseCollector()
         r.register(self.gc)
         gpus = gpu_collector()  # None (and a log line) without an NVIDIA GPU
@@ -142,6 +153,11 @@ class Metrics:
         """Generator observer: one call per prefill run (each row yields its first token), inference thread."""
         self.generated_tokens.inc(rows)
         self.prefill_seconds.observe(compute_ns / 1e9)
+
+    def on_prompt(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """Generator observer: one call per prefill run, prompt tokens and those taken from the prefix cache."""
+        self.prefix_cache_queries.inc(prompt_tokens)
+        self.prefix_cache_hits.inc(cached_tokens)
 
     def on_decode_step(self, rows: int, compute_ns: int) -> None:
         """Generator observer: one call per decode step (one token per row), inference thread."""

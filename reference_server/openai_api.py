@@ -15,7 +15,9 @@ Server-Timing (ms): non-streaming answers carry deser (parsing and tokenizing th
 queue (submission to the start of its prefill run), prefill (that run, shared by the prompts prefilled
 with it), decode (first token to last token) and ser (encoding the answer). A streaming answer sends
 its headers with its first token, so they carry deser, queue and prefill only: aiohttp cannot send
-HTTP trailers, so decode and ser are not reported for streams.
+HTTP trailers, so decode and ser are not reported for streams. Both also carry `cached;desc="N"`: the
+prompt tokens taken from the prefix cache (prefix_cache.py), also sent as
+usage.prompt_tokens_details.cached_tokens (as OpenAI and vLLM report it).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from reference_server.errors import StartupError
 from reference_server.generation import ContextTooLong, Generation, GenerationFailed, Generator, Token, warm_up
 from reference_server.http_server import REPLICA_ID
 from reference_server.metrics import Metrics
+from reference_server.prefix_cache import PrefixCache
 
 if TYPE_CHECKING:
     from reference_server.config import ServerConfig
@@ -184,8 +187,9 @@ def parse(body: Any, *, chat: bool, model: str, vocab: int, max_context: int, ma
 
 # --- responses -----------------------------------------------------------------------------------------
 
-def _timing(**parts_ns: int) -> str:
-    return ", ".join(f"{name};dur={ns / 1e6:.3f}" for name, ns in parts_ns.items())
+def _timing(cached: int, **parts_ns: int) -> str:
+    """Server-Timing: the durations in ms, then the cached prompt tokens (a desc, no duration)."""
+    return ", ".join([*(f"{name};dur={ns / 1e6:.3f}" for name, ns in parts_ns.items()), f'cached;desc="{cached}"'])
 
 
 def _sse(obj: Any) -> bytes:
@@ -213,10 +217,10 @@ class _Answer:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
         return _sse(self._envelope("text_completion", [choice]))
 
-    def usage_chunk(self, usage: dict[str, int]) -> bytes:
+    def usage_chunk(self, usage: dict[str, Any]) -> bytes:
         return _sse(self._envelope("chat.completion.chunk" if self.chat else "text_completion", [], usage=usage))
 
-    def complete(self, text: str, usage: dict[str, int]) -> dict[str, Any]:
+    def complete(self, text: str, usage: dict[str, Any]) -> dict[str, Any]:
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
                       "finish_reason": "length"}
@@ -225,9 +229,10 @@ class _Answer:
         return self._envelope("text_completion", [choice], usage=usage)
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def _gone(request: web.Request) -> bool:
@@ -314,10 +319,12 @@ class OpenAIRoutes:
             if _gone(request):
                 return web.Response(status=STATUS_CLIENT_GONE)
         started = time.perf_counter_ns()
-        answer = _Answer(chat, self.model).complete("".join(map(render, ids)), _usage(len(parsed.prompt), len(ids)))
+        answer = _Answer(chat, self.model).complete("".join(map(render, ids)),
+                                                    _usage(len(parsed.prompt), len(ids), generation.cached_tokens))
         payload = json.dumps(answer, separators=(",", ":")).encode()
-        timing = _timing(deser=deser_ns, queue=generation.queue_ns, prefill=generation.prefill_ns,
-                         decode=generation.decode_ns, ser=time.perf_counter_ns() - started)
+        timing = _timing(generation.cached_tokens, deser=deser_ns, queue=generation.queue_ns,
+                         prefill=generation.prefill_ns, decode=generation.decode_ns,
+                         ser=time.perf_counter_ns() - started)
         return web.Response(body=payload, content_type="application/json", headers={"Server-Timing": timing})
 
     async def _stream(self, request: web.Request, chat: bool, parsed: Parsed, generation: Generation,
@@ -326,7 +333,8 @@ class OpenAIRoutes:
         self._first(tokens, arrived)
         response = web.StreamResponse(headers={
             "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Replica-Id": self.replica_id,
-            "Server-Timing": _timing(deser=deser_ns, queue=generation.queue_ns, prefill=generation.prefill_ns)})
+            "Server-Timing": _timing(generation.cached_tokens, deser=deser_ns, queue=generation.queue_ns,
+                                     prefill=generation.prefill_ns)})
         answer = _Answer(chat, self.model)
         count = 0
         try:
@@ -345,7 +353,7 @@ class OpenAIRoutes:
                                                          "param": None, "code": None}}))
                     return response
             if parsed.include_usage:
-                chunks.append(answer.usage_chunk(_usage(len(parsed.prompt), count)))
+                chunks.append(answer.usage_chunk(_usage(len(parsed.prompt), count, generation.cached_tokens)))
             chunks.append(b"data: [DONE]\n\n")
             await response.write(b"".join(chunks))
             await response.write_eof()
@@ -383,13 +391,18 @@ def mount_generator(app: web.Application, config: ServerConfig, metrics: Metrics
     metrics.model_load_seconds.labels(config.generator_name, backend.name).set(load_s)
     log.info("generator %s: %s; loaded in %.2f s, warmed up in %.3f s", config.generator_name, backend.describe(),
              load_s, time.perf_counter() - started - load_s)
+    prefix_cache = PrefixCache(config.prefix_cache_mb * 2**20, on_evict=metrics.prefix_cache_evictions.inc)
     generator = Generator(backend.run, decoder, max_sequences=config.max_sequences, max_waiting=config.max_queue,
-                          on_prefill=metrics.on_prefill, on_step=metrics.on_decode_step)
+                          on_prefill=metrics.on_prefill, on_step=metrics.on_decode_step, prefix_cache=prefix_cache,
+                          on_prompt=metrics.on_prompt)
     metrics.active_sequences.set_function(generator.active)
     metrics.waiting_sequences.set_function(generator.waiting)
+    metrics.prefix_cache_bytes.set_function(lambda: prefix_cache.bytes_in_use)
+    metrics.prefix_cache_capacity_bytes.set(prefix_cache.capacity_bytes)
     add_routes(app, OpenAIRoutes(generator, config.generator_name, metrics, max_body_bytes=config.max_body_bytes,
                                  max_tokens_limit=config.max_tokens_limit, replica_id=app[REPLICA_ID]))
-    log.info("generator %s: continuous batching, at most %d sequences, %d waiting, max_tokens <= %d; "
-             "POST /v1/completions, /v1/chat/completions", config.generator_name, config.max_sequences,
-             config.max_queue, config.max_tokens_limit)
+    log.info("generator %s: continuous batching, at most %d sequences, %d waiting, max_tokens <= %d, prefix cache "
+             "%s; POST /v1/completions, /v1/chat/completions", config.generator_name, config.max_sequences,
+             config.max_queue, config.max_tokens_limit,
+             f"{config.prefix_cache_mb} MiB" if config.prefix_cache_mb else "off (--prefix-cache-mb 0)")
     return generator

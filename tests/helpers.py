@@ -1,9 +1,12 @@
 """Readers of a results directory's files that only the tests need (latscope itself reads a run
-through latscope.analysis.run_data.load_run)."""
+through latscope.analysis.run_data.load_run), and `run_cli_until`, a `latscope run` stopped by a signal."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Collection
 
@@ -37,3 +40,19 @@ def read_intervals(run_dir: str | Path, metrics: Collection[str] | None = None) 
 
 def read_timeseries(run_dir: str | Path) -> pd.DataFrame:
     return pd.read_parquet(Path(run_dir) / TIMESERIES)
+
+
+def run_cli_until(scenario: Path, out: Path, after_s: float, sig: int, workers: int = 1) -> tuple[int, str]:
+    """`latscope run SCENARIO --out OUT` as a real process, sent `sig` `after_s` seconds after its run
+    started (run_start in events.jsonl); (its exit code, its output)."""
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-m", "latscope.cli", "run", str(scenario), "--out", str(out), "--workers",
+                             str(workers), "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=repo)
+    deadline = time.monotonic() + 30
+    while not (out / "events.jsonl").exists() or "run_start" not in (out / "events.jsonl").read_text():
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[0]
+        time.sleep(0.1)
+    time.sleep(after_s)
+    proc.send_signal(sig)
+    output, _ = proc.communicate(timeout=30)
+    return proc.returncode, output

@@ -58,3 +58,24 @@ def test_serialization_compares_json_binary_and_grpc(tmp_path):
     client = {c: m["encode"][c]["p50_ms"] + m["decode"][c]["p50_ms"] for c in ("json", "binary", "grpc")}
     # 12,288 floats as JSON text cost ~1 µs each to write or read; as raw bytes, a copy.
     assert client["json"] > 20 * max(client["binary"], client["grpc"]), client
+
+
+def test_chat_sessions_shows_the_prefix_cache_by_turn(tmp_path):
+    """Sessions with a shared 256-token system prompt against the reference server (cache on): every
+    turn reuses at least the system prompt's blocks, so the hit rate of every turn is over half."""
+    s = _run("chat_sessions", tmp_path, "phases.0.duration=6s", "phases.0.arrival.rate=2", "phases.1.duration=6s",
+             "workload.classes.0.session.think_time=0.5s")
+    chat = s["sessions"]["chat"]
+    assert chat["completed"] >= 8 and chat["abandoned"] == 0 and set(chat["by_turn"]) == {"1", "2", "3", "4"}
+    assert all(turn["hit_rate"] > 0.5 for turn in chat["by_turn"].values())
+    assert s["tokens"]["chat"]["prefix_cache"]["cached_tokens"] > 0
+
+
+def test_mooncake_replay_sends_the_traces_blocks(tmp_path):
+    s = _run("mooncake_replay", tmp_path, "phases.0.duration=8s")
+    assert s["requests"]["errors"] == 0 and s["requests"]["completed"] >= 30
+    assert s["tokens"]["trace"]["prefix_cache"]["prompt_tokens"] == s["tokens"]["trace"]["prompt_tokens"]
+    import pandas as pd
+
+    schedule = pd.read_parquet(next(tmp_path.glob("mooncake_replay-*")) / "schedule.parquet")
+    assert schedule["prompt_tokens"].max() <= 512 and schedule["output_tokens"].max() <= 32

@@ -190,6 +190,9 @@ def _check(scenario: Scenario, out: Path, o: CapacityOptions) -> float:
                             "search is bounded by --max-steps and --max-rate instead (--set limits.max_requests=null)")
     if (out / CAPACITY).exists():
         raise ScenarioError(f"{out} already holds a capacity search (capacity.json); choose another --out")
+    if any(p.arrival.type == "users" for p in scenario.phases):
+        raise ScenarioError(f"scenario {scenario.name!r} has a closed-loop phase (arrival: users): its load follows the "
+                            "server, so there is no rate to search; give its phases open-loop arrivals (poisson, ...)")
     base = measured_rate(scenario)
     if not base > 0:
         raise ScenarioError(f"scenario {scenario.name!r} sends nothing in its measured (non-warm-up) phases: "

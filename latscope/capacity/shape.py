@@ -23,6 +23,7 @@ RATE_FIELDS = {
     "constant": ("rate",), "poisson": ("rate",), "burst": ("base_rate", "burst_rate"),
     "mmpp": ("base_rate", "burst_rate"), "ramp": ("from_rate", "to_rate"), "steps": ("rates",),
     "spike": ("base_rate", "spike_rate"), "idle": (), "trace": ("speedup",),
+    "users": (),  # closed loop has no rate: `latscope capacity` refuses it
 }
 
 

@@ -59,6 +59,11 @@ def _parse_json(data: bytes) -> Any:
         return _loads(data)
 
 
+def _escaped(text: str) -> bytes:
+    """`text` as the inside of a JSON string (escaped, without the quotes)."""
+    return _dumps(text).encode()[1:-1]
+
+
 def _clip(text: Any, limit: int = MAX_REASON) -> str:
     if isinstance(text, (bytes, bytearray)):
         text = bytes(text[: limit * 4]).decode("utf-8", "replace")
@@ -80,9 +85,9 @@ def _error_message(error: Any) -> str:
 class _Stream:
     """The body sink of one streamed request: SSE parsed as it arrives, tokens stamped with read times."""
 
-    __slots__ = ("parser", "token_ns", "done", "error", "usage", "decode_ns", "raw", "raw_len", "events")
+    __slots__ = ("parser", "token_ns", "done", "error", "usage", "decode_ns", "raw", "raw_len", "events", "text")
 
-    def __init__(self) -> None:
+    def __init__(self, keep_text: bool = False) -> None:
         self.parser = SseParser()
         self.token_ns: list[int] = []
         self.done = False  # `data: [DONE]` seen
@@ -92,6 +97,7 @@ class _Stream:
         self.raw: list[bytes] | None = []  # the body, kept until the first event (an error body has none)
         self.raw_len = 0
         self.events = 0
+        self.text: list[str] | None = [] if keep_text else None  # the answer's pieces, for a session's history
 
     def __call__(self, piece: bytes, read_ns: int) -> None:
         started = _pc()
@@ -150,6 +156,8 @@ class _Stream:
                                     or delta.get("tool_calls"))
                     if text:
                         self.token_ns.append(read_ns)
+                        if self.text is not None and type(text) is str:
+                            self.text.append(text)
             usage = chunk.get("usage")
             if usage and type(usage) is dict:
                 self.usage = usage
@@ -165,11 +173,23 @@ def _usage_into(outcome: Outcome, usage: Any) -> bool:
     prompt = usage.get("prompt_tokens")
     if type(prompt) is int and prompt >= 0:
         outcome.prompt_tokens = prompt
+    details = usage.get("prompt_tokens_details")
+    if type(details) is dict and type(cached := details.get("cached_tokens")) is int and cached >= 0:
+        outcome.cached_tokens = cached
     completion = usage.get("completion_tokens")
     if type(completion) is int and completion >= 0:
         outcome.output_tokens, outcome.tokens_from_usage = completion, True
         return True
     return False
+
+
+def _answer_text(choice: Any) -> str:
+    """The text of a whole answer's first choice: `message.content` (chat) or `text` (completions)."""
+    if type(choice) is not dict:
+        return ""
+    message = choice.get("message")
+    text = message.get("content") if type(message) is dict else choice.get("text")
+    return text if type(text) is str else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,19 +240,61 @@ class OpenAIClient:
         payload = self._payloads.get(request)
         prompt = payload.prompt if payload.prompt is not None else ""
         doc: dict[str, Any] = {"model": cls.model} if cls.model is not None else {}
-        if cls.chat:
-            doc["messages"] = [{"role": "user", "content": prompt}]
+        if request.session is not None:
+            if payload.max_tokens:
+                doc["max_tokens"] = payload.max_tokens
+            doc.update(cls.rest)
+            body = self._session_body(cls, request, prompt, _dumps(doc).encode())
         else:
-            doc["prompt"] = prompt
-        if payload.max_tokens:
-            doc["max_tokens"] = payload.max_tokens
-        doc.update(cls.rest)
-        body = _dumps(doc).encode()
+            if cls.chat:
+                doc["messages"] = [{"role": "user", "content": prompt}]
+            else:
+                doc["prompt"] = prompt
+            if payload.max_tokens:
+                doc["max_tokens"] = payload.max_tokens
+            doc.update(cls.rest)
+            body = _dumps(doc).encode()
         request.wire = b"%s%sContent-Length: %d\r\n\r\n%s" % (cls.prefix, request_id_line(cls.request_id, request.seq),
                                                                len(body), body)
         request.wire_bytes = len(request.wire)
         request.prepared_ns = _pc()
         request.encode_ns = request.prepared_ns - started
+
+    def _session_body(self, cls: _ClassRequest, request: Request, text: str, rest: bytes) -> bytes:
+        """A session turn's body: the shared prefix, the history so far (carried), the new text, then
+        `rest` (the other fields, serialized). The history is kept serialized on the conversation and
+        only appended to (`_remember`), so a long one costs a copy per turn, not a JSON encode.
+
+        chat:        {"messages": [system prefix, user 1, assistant 1, …, user k], …rest}
+        completions: {"prompt": "prefix\n" + user 1 + answer 1 + "\n" + … + user k, …rest}
+        (JSON escaping works character by character, so the escaped pieces concatenate.)"""
+        conv = request.session
+        if conv.history is None:
+            prefix = self._payloads.prefix(conv.cls, conv.prefix) if conv.prefix >= 0 else None
+            if cls.chat:
+                conv.history = bytearray(b'{"role":"system","content":%s}' % _dumps(prefix).encode() if prefix else b"")
+            else:
+                conv.history = bytearray(_escaped(prefix + "\n") if prefix else b"")
+        tail = b"," + rest[1:] if len(rest) > 2 else b"}"
+        if cls.chat:
+            conv.pending = b'{"role":"user","content":%s}' % _dumps(text).encode()
+            separator = b"," if conv.history else b""
+            return b'{"messages":[%s%s%s]%s' % (conv.history, separator, conv.pending, tail)
+        conv.pending = _escaped(text)
+        return b'{"prompt":"%s%s"%s' % (conv.history, conv.pending, tail)
+
+    @staticmethod
+    def _remember(cls: _ClassRequest, request: Request, answer: str) -> None:
+        """After a session turn's answer: the turn and the answer, as the server gave it, join the
+        history the next turn carries."""
+        conv = request.session
+        if cls.chat:
+            separator = b"," if conv.history else b""
+            conv.history += b'%s%s,{"role":"assistant","content":%s}' % (separator, conv.pending,
+                                                                          _dumps(answer).encode())
+        else:
+            conv.history += conv.pending + _escaped(answer + "\n")
+        conv.pending = None
 
     async def send(self, request: Request) -> Outcome:
         """One request, prepared already (or now); `sent_ns` is stamped before a connection is taken
@@ -244,8 +306,10 @@ class OpenAIClient:
             self.prepare(request)
         data, encode_ns = request.wire, request.encode_ns
         body_len = len(data) - data.index(b"\r\n\r\n") - 4
+        conv = request.session
+        keep = conv is not None and conv.carry and request.turn < conv.turns  # a later turn carries this answer
         sent = _pc()
-        stream = _Stream() if cls.stream else None
+        stream = _Stream(keep) if cls.stream else None
         try:
             response = await self._pool.request(data, keep_body=stream is None, sink=stream)
         except Failure as failure:
@@ -264,8 +328,13 @@ class OpenAIClient:
                           bytes_in=response.body_len, encode_ns=encode_ns)
         with_server_headers(outcome, response)
         if stream is None:
-            return self._whole(outcome, response)
-        return self._streamed(outcome, response, stream)
+            outcome, answer = self._whole(outcome, response, keep)
+        else:
+            outcome = self._streamed(outcome, response, stream)
+            answer = "".join(stream.text) if keep else None
+        if keep and outcome.error is None:
+            self._remember(cls, request, answer or "")
+        return outcome
 
     @staticmethod
     def _streamed(outcome: Outcome, response: Response, stream: _Stream) -> Outcome:
@@ -302,10 +371,11 @@ class OpenAIClient:
         return outcome
 
     @staticmethod
-    def _whole(outcome: Outcome, response: Response) -> Outcome:
+    def _whole(outcome: Outcome, response: Response, keep: bool) -> tuple[Outcome, str | None]:
+        """A whole (not streamed) answer; with `keep`, its text too (for a session's history)."""
         body = response.body or b""
         if response.status >= 400:
-            return http_error(outcome, response, body)
+            return http_error(outcome, response, body), None
         started = _pc()
         try:
             doc = _loads(body)
@@ -321,4 +391,6 @@ class OpenAIClient:
             outcome.error, outcome.reason = "protocol", f"response has no choices: {_clip(body)}"
         else:
             _usage_into(outcome, doc.get("usage"))
-        return outcome
+            if keep:
+                return outcome, _answer_text(doc["choices"][0])
+        return outcome, None

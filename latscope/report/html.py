@@ -30,6 +30,7 @@ from latscope.analysis.run_data import RunData
 from latscope.report.escape import esc_html
 from latscope.report.figures import Panel
 from latscope.report.panels import PANELS
+from latscope.report.sessions_panel import closed_loop_lead
 from latscope.report.words import goodput_sentence, objectives_text, slo_value_text
 from latscope.results.schema import metric_label
 
@@ -326,7 +327,7 @@ def report_html(run: RunData, cdn: bool = False) -> str:
               f"<div class=\"headline{' partial' if s.get('partial') else ''}\">{esc_html(line)}</div>"
               f"<p class=\"badges\"><span class=\"stamp {esc_html(stamp)}\">measurement {esc_html(stamp)}</span>"
               f"<span>{s.get('duration_s', 0):,.1f} s run, {s.get('requests', {}).get('completed', 0):,} requests completed "
-              f"outside warm-up</span></p>")
+              f"outside warm-up</span></p>" + closed_loop_lead(s.get("load") or {}))
     summary_sections = [
         "<div class=\"grid\">"
         f"<section id=\"slos\"><h2>SLOs</h2>{slo_table(s)}</section>"

@@ -17,11 +17,12 @@ from typing import Callable
 
 import pandas as pd
 
-from latscope.analysis import coldstart, correlation, percentiles, serialization
+from latscope.analysis import coldstart, correlation, percentiles, serialization, sessions
 from latscope.analysis.run_data import RunData
 from latscope.report import figures
 from latscope.report.coldstart_panel import coldstart_panel as draw_coldstart
 from latscope.report.figures import Panel
+from latscope.report.sessions_panel import sessions_panel as draw_sessions
 
 
 @dataclass(frozen=True)
@@ -149,11 +150,22 @@ def generator_panel(run: RunData, base: RunData | None = None) -> Panel:
                                    base_summary=base.summary, base_telemetry=base.telemetry)
 
 
+def sessions_panel(run: RunData, base: RunData | None = None) -> Panel:
+    def data(r: RunData) -> tuple:  # sessions, turns, timeline, prefix cache per class, load model, summary
+        return (sessions.session_table(r), sessions.turn_table(r), sessions.session_timeline(r),
+                sessions.prefix_cache_table(r), sessions.load_model(r.summary), r.summary)
+
+    if base is None:
+        return draw_sessions(*data(run))
+    return draw_sessions(*data(run), base=data(base))
+
+
 PANELS: tuple[PanelSpec, ...] = (
     PanelSpec("spectrum", "Latency percentile spectrum", spectrum_panel),
     PanelSpec("latency-time", "Latency over time", latency_time_panel),
     PanelSpec("load-time", "Load: offered vs achieved rate, in flight, errors", load_time_panel, compare_title="Load"),
     PanelSpec("streaming", "Streaming", streaming_panel),
+    PanelSpec("sessions", "Sessions and prefix cache", sessions_panel),
     PanelSpec("gpu", "GPU lanes", gpu_panel),
     PanelSpec("coldstart", "Cold starts", coldstart_panel),
     PanelSpec("serialization", "Serialization", serialization_panel),

@@ -42,14 +42,32 @@ ERROR_KINDS = ("connect", "timeout", "http_4xx", "http_5xx", "protocol")
 # without objectives. New counters go at the end (a counter's index never moves), and so do their
 # timeseries.parquet columns (TIMESERIES_COLUMNS); a results directory written before a counter
 # existed has no column for it, which readers take as absent, not as 0.
+#
+# Sessions (sessions.py, chat.py) and the prefix cache: `cached_tokens`, the prompt tokens the server
+# said it took from its prefix cache (usage.prompt_tokens_details.cached_tokens), and
+# `cache_reported_prompt_tokens`, the prompt tokens of the requests it said that of (the hit rate is
+# their ratio); per session, counted under its class when it starts, and when it ends in one of three
+# ways: completed (every turn answered), abandoned (a turn failed, or was dropped at the in-flight cap:
+# its later turns are not sent), cut (its next turn was due after the run's planned end, or the run was
+# stopped); `turns_not_sent`, the turns abandoned and cut sessions did not send.
 TOKEN_COUNTERS = ("prompt_tokens", "output_tokens", "output_tokens_usage")
 GOODPUT_COUNTERS = ("good", "good_output_tokens")
+CACHE_COUNTERS = ("cached_tokens", "cache_reported_prompt_tokens")
+SESSION_COUNTERS = ("sessions_started", "sessions_completed", "sessions_abandoned", "sessions_cut", "turns_not_sent")
 _FIRST_COUNTERS = ("sent", "completed", "dropped", "late", "cancelled", *ERROR_KINDS, *TOKEN_COUNTERS)
-COUNTERS = (*_FIRST_COUNTERS, *GOODPUT_COUNTERS)
+COUNTERS = (*_FIRST_COUNTERS, *GOODPUT_COUNTERS, *CACHE_COUNTERS, *SESSION_COUNTERS)
 SENT, COMPLETED, DROPPED, LATE, CANCELLED = range(5)
 ERROR_INDEX = {kind: 5 + i for i, kind in enumerate(ERROR_KINDS)}
 PROMPT_TOKENS, OUTPUT_TOKENS, OUTPUT_TOKENS_USAGE = (COUNTERS.index(c) for c in TOKEN_COUNTERS)
 GOOD, GOOD_OUTPUT_TOKENS = (COUNTERS.index(c) for c in GOODPUT_COUNTERS)
+CACHED_TOKENS, CACHE_REPORTED = (COUNTERS.index(c) for c in CACHE_COUNTERS)
+SESSIONS_STARTED, SESSIONS_COMPLETED, SESSIONS_ABANDONED, SESSIONS_CUT, TURNS_NOT_SENT = (
+    COUNTERS.index(c) for c in SESSION_COUNTERS)
+
+# Per turn of a session (intervals.py, IntervalReport.turns): (class index, turn, warm-up) -> these
+# counters of the turn's requests; summary.json's sessions.<class>.by_turn.
+TURN_COUNTERS = ("completed", "errors", "prompt_tokens", "cached_tokens", "cache_reported_prompt_tokens")
+TURN_COMPLETED, TURN_ERRORS, TURN_PROMPT, TURN_CACHED, TURN_REPORTED = range(len(TURN_COUNTERS))
 
 # -- summary.json's goodput -------------------------------------------------------------------------
 # `goodput`: {} when the scenario set no goodput objectives; else one entry per class that has
@@ -68,9 +86,11 @@ ALL = "all"  # the class of every request together (the lossless merge of the pe
 ROW_STATS = ("count", "min_ms", "mean_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "p99.9_ms", "max_ms")
 # Columns are added at the end, so the columns of a file written by older code are a prefix of these.
 TIMESERIES_COLUMNS = ("interval_start_s", "interval_s", "phase", "metric", "class", *ROW_STATS, "scheduled",
-                      *_FIRST_COUNTERS, "errors", "in_flight", *GOODPUT_COUNTERS)
+                      *_FIRST_COUNTERS, "errors", "in_flight", *GOODPUT_COUNTERS, *CACHE_COUNTERS, *SESSION_COUNTERS)
 TELEMETRY_COLUMNS = ("t_s", "source", "device", "metric", "value")
-SCHEDULE_COLUMNS = ("intended_s", "phase", "class", "prompt_tokens", "output_tokens")
+# A session's later turns follow its rows (intended_s NaN: each is due its think_s after the answer
+# before it), so a request's `seq` (its X-Request-Id) is its row; a closed-loop phase plans no requests.
+SCHEDULE_COLUMNS = ("intended_s", "phase", "class", "prompt_tokens", "output_tokens", "session", "turn", "think_s")
 
 # -- metrics (histograms.hlog tags, summary.json "metrics", timeseries.parquet "metric") -----------
 
@@ -101,6 +121,10 @@ METRICS: dict[str, Metric] = {
     "loop_lag": Metric("event-loop lag", "how much later than asked a worker's 10 ms timer fired (class all)"),
     "replica_latency": Metric("latency per replica", "latency, with the replica that answered (X-Replica-Id) as its "
                                                      "class (replica_class)"),
+    "session_duration": Metric("session duration", "a completed session's turn-1 intended time → its last answer's end"),
+    "turn.<metric>": Metric("<metric> by turn", "latency, ttft, itl or tpot of a session's turns, the class "
+                                                "`<class>#<turn>` (turn_class): turn 1 against later turns is the "
+                                                "prefix cache's story"),
     "server.<part>": Metric("server.<part>", "one Server-Timing part as the server reported it (queue, compute, ...)"),
 }
 SUMMARY_FIRST = ("latency", "service_time", "send_lag", "ttft", "itl", "tpot", "encode", "network", "decode",
@@ -126,6 +150,7 @@ METRIC_GROUPS = (
     ("Where the service time goes (means add up; see Serialization)", ("network", "server.*", "decode")),
     ("Client serialization (encode is done ahead of the send)", ("encode", "client_inclusive")),
     ("Per replica (class = replica id)", ("replica_latency",)),
+    ("Sessions (class#turn)", ("session_duration", "turn.*")),
     ("Load generator health (should stay near zero)", ("send_lag", "loop_lag")),
 )
 OTHER_GROUP = "Other"
@@ -135,6 +160,25 @@ OTHER_GROUP = "Other"
 # can be told apart from the rest. A target that put a fresh id on every response (say, a request id)
 # would make a histogram per response: past MAX_REPLICA_CLASSES ids (per worker), new ones share OTHER_REPLICAS.
 REPLICA_METRIC = "replica_latency"
+TURN_METRICS = ("latency", "ttft", "itl", "tpot")
+TURN_PREFIX = "turn."
+
+
+def turn_class(cls: str, turn: int) -> str:
+    """The class a session turn's `turn.<metric>` is recorded under: "chat#3" ('#' is no class name's)."""
+    return f"{cls}#{turn}"
+
+
+def split_turn_class(name: str) -> tuple[str, int]:
+    cls, _, turn = name.rpartition("#")
+    return cls, int(turn)
+
+
+def of_workload_classes(metric: str) -> bool:
+    """Whether a metric's classes are the workload's (with an "all" and counters), not replica ids or
+    class#turn (whose "all" would repeat latency's)."""
+    return metric != REPLICA_METRIC and not metric.startswith(TURN_PREFIX)
+
 MAX_REPLICA_CLASSES = 64
 OTHER_REPLICAS = "_other"
 _TAG_UNSAFE = re.compile(r"[,\s/]+")

@@ -21,7 +21,7 @@ from latscope.plan import Plan
 from latscope.records import IntervalReport, Probe
 from latscope.recorder import from_sparse, new_histogram, summarize
 from latscope.results.hlog import HlogWriter
-from latscope.results.schema import ALL, COUNTERS, ERROR_INDEX, REPLICA_METRIC, ROW_STATS
+from latscope.results.schema import ALL, COUNTERS, ERROR_INDEX, ROW_STATS, TURN_COUNTERS, of_workload_classes
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,8 @@ class Collector:
         self.hlog = hlog
         self.totals: dict[str, dict[str, HdrHistogram]] = defaultdict(dict)  # metric -> class -> histogram
         self.counters: dict[tuple[str, bool], np.ndarray] = defaultdict(lambda: np.zeros(len(COUNTERS), np.int64))
+        # (class, turn) -> TURN_COUNTERS of a session turn's requests, outside warm-up
+        self.turn_counters: dict[tuple[str, int], np.ndarray] = defaultdict(lambda: np.zeros(len(TURN_COUNTERS), np.int64))
         self.clamped: dict[str, int] = defaultdict(int)
         self.rows: list[dict] = []
         self.completed_intervals = 0
@@ -106,6 +108,9 @@ class Collector:
                 key = (self.plan.class_names[ci], warmup)
                 counts[key] += row
                 self.counters[key] += row
+            for (ci, turn, warmup), row in report.turns.items():
+                if not warmup:
+                    self.turn_counters[(self.plan.class_names[ci], turn)] += row
             self.new_probes.extend(report.probes)
         # Workers report in no particular order: the earliest response wins, whichever worker saw it.
         firsts = [r.first_ok for r in reports if r.first_ok]
@@ -138,7 +143,7 @@ class Collector:
         interval.setdefault("latency", {})  # one latency row per class even when nothing completed
         self.last_histograms = {}
         for metric, by_class in interval.items():
-            if metric == REPLICA_METRIC:  # classes are replica ids; their "all" would repeat latency's
+            if not of_workload_classes(metric):  # classes are replica ids or class#turn: no "all"
                 classes, names = by_class, sorted(by_class)
             else:
                 classes, names = (with_all(by_class) if by_class else {}), (*self.plan.class_names, ALL)
@@ -149,8 +154,8 @@ class Collector:
                 h = classes.get(name)
                 if h is not None and self.hlog is not None:
                     self.hlog.write(f"{metric}/{name}", start, self.interval_s, h)
-                # a replica row has no counters of its own (they are per workload class): zeros
-                own = name in per_class and metric != REPLICA_METRIC
+                # a replica's or a turn's row has no counters of its own (they are per workload class): zeros
+                own = name in per_class and of_workload_classes(metric)
                 c = per_class[name] if own else np.zeros(len(COUNTERS), np.int64)
                 stats = summarize(h) if h is not None else {"count": 0}
                 self.rows.append(
@@ -182,7 +187,7 @@ class Collector:
 
     def totals_with_all(self) -> dict[str, dict[str, HdrHistogram]]:
         return {
-            metric: dict(by_class) if metric == REPLICA_METRIC else with_all(by_class)
+            metric: with_all(by_class) if of_workload_classes(metric) else dict(by_class)
             for metric, by_class in self.totals.items()
         }
 

@@ -29,13 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 
 from latscope import results
 from latscope.engine import WorkerSpec, worker_main
 from latscope.errors import RunError
 from latscope.interrupt import Interrupted, StopRequest, blocked
-from latscope.plan import Plan, after_idle, build_plan
+from latscope.plan import Plan, after_idle, build_plan, schedule_table
 from latscope.records import IntervalReport, WorkerDone, WorkerFailed, WorkerMessage, WorkerReady
 from latscope.results.hlog import HlogWriter
 from latscope.results.schema import COMPLETED, ERROR_INDEX, SENT
@@ -149,16 +148,7 @@ def _run_scenario(scenario: Scenario, out: str | Path | None, workers: int | Non
 
 def _write_schedule(run_dir: Path, plan: Plan) -> None:
     """schedule.parquet: the realized schedule, one row per planned request (results.schema.SCHEDULE_COLUMNS)."""
-    results.write_table(
-        run_dir / results.SCHEDULE,
-        {
-            "intended_s": plan.offsets_s,
-            "phase": np.array([p.name for p in plan.phases])[plan.phase] if len(plan) else np.array([], str),
-            "class": np.array(plan.class_names)[plan.cls] if len(plan) else np.array([], str),
-            "prompt_tokens": plan.prompt_tokens,
-            "output_tokens": plan.output_tokens,
-        },
-    )
+    results.write_table(run_dir / results.SCHEDULE, schedule_table(plan))
 
 
 def _start_live(scenario: Scenario, plan: Plan, port: int | None, host: str) -> LiveMetrics | None:

@@ -27,9 +27,11 @@ from latscope.analysis.run_data import load_run
 from latscope.analysis.verdicts import slo_verdicts, validity
 from latscope.plan import Plan
 from latscope.recorder import summarize
-from latscope.results.schema import (ALL, CANCELLED, COMPLETED, COUNTERS, DROPPED, ERROR_INDEX, ERROR_KINDS, GOOD,
-                                     GOOD_OUTPUT_TOKENS, LATE, OUTPUT_TOKENS, OUTPUT_TOKENS_USAGE, PROMPT_TOKENS, SENT,
-                                     TIMESERIES_COLUMNS, summary_order)
+from latscope.results.schema import (ALL, CACHE_REPORTED, CACHED_TOKENS, CANCELLED, COMPLETED, COUNTERS, DROPPED,
+                                     ERROR_INDEX, ERROR_KINDS, GOOD, GOOD_OUTPUT_TOKENS, LATE, OUTPUT_TOKENS,
+                                     OUTPUT_TOKENS_USAGE, PROMPT_TOKENS, SENT, SESSION_COUNTERS, SESSIONS_STARTED,
+                                     TIMESERIES_COLUMNS, TURN_CACHED, TURN_COUNTERS, TURN_METRICS, TURN_PREFIX,
+                                     TURN_REPORTED, summary_order, turn_class)
 from latscope.run.collector import Collector
 from latscope.scenario import Scenario
 
@@ -105,7 +107,9 @@ def build_summary(facts: RunFacts) -> dict:
     requests["unaccounted"] = facts.unaccounted
     window = facts.measured_window_s()
     measured = ~plan.warmup & (plan.offsets_s < facts.executed_s())
-    offered = int(measured.sum())
+    offered = int(plan.planned_requests[measured].sum())
+    if plan.closed_loop:  # the users' load is what they sent (it follows the server)
+        offered = max(offered, requests["sent"] + requests["dropped"])
     verdict, reasons = validity(metrics, requests, scenario.validity, scenario.limits.max_in_flight)
     goodput = _goodput(facts, window)  # before the SLO verdicts, which may read it
     launched = facts.launched
@@ -131,6 +135,8 @@ def build_summary(facts: RunFacts) -> dict:
         "errors": errors,
         "error_examples": facts.error_examples,
         "goodput": goodput,
+        "load": _load(plan),
+        "sessions": _sessions(facts, metrics),
         "slo": slo_verdicts(metrics, scenario.slos, requests, requests["completed"] / window if window else 0.0, goodput),
         "phases": [
             {"name": p.name, "start_s": p.start_s, "duration_s": p.duration_s, "warmup": p.warmup}
@@ -164,6 +170,8 @@ def _request_counts(facts: RunFacts) -> tuple[dict, dict, dict, dict]:
     def counts(rows: list[np.ndarray], scheduled: int) -> dict:
         total = sum(rows, np.zeros(len(COUNTERS), np.int64))
         sent, dropped = int(total[SENT]), int(total[DROPPED])
+        if plan.closed_loop:  # closed-loop users plan nothing ahead: what they sent is what they scheduled
+            scheduled = max(scheduled, sent + dropped)
         return {
             "scheduled": scheduled,
             "sent": sent,
@@ -176,14 +184,14 @@ def _request_counts(facts: RunFacts) -> tuple[dict, dict, dict, dict]:
             "_errors": {k: int(total[ERROR_INDEX[k]]) for k in ERROR_KINDS},
         }
 
-    measured = ~plan.warmup
-    requests = counts([v for (_, w), v in counters.items() if not w], int(measured.sum()))
+    measured, planned = ~plan.warmup, plan.planned_requests  # a session plans its turns
+    requests = counts([v for (_, w), v in counters.items() if not w], int(planned[measured].sum()))
     by_class = {}
     for i, name in enumerate(plan.class_names):
-        scheduled = int((measured & (plan.cls == i)).sum())
+        scheduled = int(planned[measured & (plan.cls == i)].sum())
         by_class[name] = counts([v for (n, w), v in counters.items() if n == name and not w], scheduled)
         del by_class[name]["_errors"]
-    warmup = counts([v for (_, w), v in counters.items() if w], int(plan.warmup.sum()))
+    warmup = counts([v for (_, w), v in counters.items() if w], int(planned[plan.warmup].sum()))
     del warmup["_errors"]
     errors = requests.pop("_errors")
     return requests, by_class, errors, warmup
@@ -192,21 +200,25 @@ def _request_counts(facts: RunFacts) -> tuple[dict, dict, dict, dict]:
 def _tokens(facts: RunFacts, window_s: float) -> dict:
     """Token totals outside warm-up, per class and "all": prompt and output tokens, output tokens
     per second of the measured window, and where the output counts came from ("usage": the
-    server's usage report, "chunks": streamed chunks counted, "mixed"). {} when no request had tokens."""
+    server's usage report, "chunks": streamed chunks counted, "mixed"); `prefix_cache` (cached
+    tokens, prompt tokens, hit rate) when the server reported cached tokens. {} when no request had tokens."""
     counters = facts.collector.counters if facts.collector else {}
     totals: dict[str, np.ndarray] = {}
     for (name, warmup), row in counters.items():
         if not warmup:
-            totals[name] = totals.get(name, 0) + row[[PROMPT_TOKENS, OUTPUT_TOKENS, OUTPUT_TOKENS_USAGE]]
+            totals[name] = totals.get(name, 0) + row[[PROMPT_TOKENS, OUTPUT_TOKENS, OUTPUT_TOKENS_USAGE, CACHED_TOKENS,
+                                                      CACHE_REPORTED]]
     if not totals or not any(int(t[1]) for t in totals.values()):
         return {}
     totals["all"] = sum(totals.values())
     out = {}
-    for name, (prompt, output, from_usage) in totals.items():
+    for name, (prompt, output, from_usage, cached, reported) in totals.items():
         source = "usage" if from_usage == output else "chunks" if from_usage == 0 else "mixed"
         out[name] = {"prompt_tokens": int(prompt), "output_tokens": int(output),
                      "output_tokens_per_s": round(int(output) / window_s, 3) if window_s else 0.0,
                      "output_count_source": source}
+        if reported:  # the server said how many prompt tokens its prefix cache served
+            out[name]["prefix_cache"] = _hit_rate(int(cached), int(reported))
     return out
 
 
@@ -234,6 +246,52 @@ def _goodput(facts: RunFacts, window_s: float) -> dict:
     out = {name: {"objectives": own, **entry(rows[name])} for name, own in zip(facts.plan.class_names, objectives) if own}
     out[ALL] = entry(rows[ALL])
     return out
+
+
+CLOSED_LOOP_NOTE = ("closed loop: each user sends its next request only when the last one is answered, so the offered "
+                    "load follows the server (a slow server lowers its own load: coordinated omission). Read achieved "
+                    "throughput and service time; latency here is not open-loop latency.")
+
+
+def _load(plan: Plan) -> dict:
+    """summary.json's `load`: how the traffic was offered. open: arrivals from the plan, whatever the
+    server does; closed: `users` concurrent users (arrival: users), each waiting for its answers."""
+    if not plan.closed_loop:
+        return {"model": "open"}
+    users = int((plan.user >= 0).sum())
+    return {"model": "closed" if users == len(plan) else "mixed", "users": users, "note": CLOSED_LOOP_NOTE}
+
+
+def _sessions(facts: RunFacts, metrics: dict) -> dict:
+    """summary.json's `sessions`, outside warm-up: {} when no session started; else per class that
+    started one, its sessions by how they ended (results.schema.SESSION_COUNTERS), the prefix-cache
+    hit rate (cached / cache-reported prompt tokens; null when the server never said), and per turn
+    its counters (TURN_COUNTERS), hit rate and the ROW_STATS of latency, ttft, itl and tpot."""
+    counters = facts.collector.counters if facts.collector else {}
+    out: dict[str, dict] = {}
+    for name in facts.plan.class_names:
+        row = sum((v for (n, w), v in counters.items() if n == name and not w), np.zeros(len(COUNTERS), np.int64))
+        if not row[SESSIONS_STARTED]:
+            continue
+        entry = {counter.removeprefix("sessions_"): int(row[COUNTERS.index(counter)]) for counter in SESSION_COUNTERS}
+        entry["duration"] = metrics.get("session_duration", {}).get(name, {"count": 0})
+        entry["prefix_cache"] = _hit_rate(int(row[CACHED_TOKENS]), int(row[CACHE_REPORTED]))
+        by_turn = {}
+        for (cls, turn), turn_row in sorted(facts.collector.turn_counters.items()):
+            if cls == name:
+                stats = {m: metrics.get(f"{TURN_PREFIX}{m}", {}).get(turn_class(name, turn), {"count": 0})
+                         for m in TURN_METRICS}
+                by_turn[str(turn)] = {**{c: int(v) for c, v in zip(TURN_COUNTERS, turn_row)},
+                                      "hit_rate": _hit_rate(int(turn_row[TURN_CACHED]), int(turn_row[TURN_REPORTED]))["hit_rate"],
+                                      **stats}
+        entry["by_turn"] = by_turn
+        out[name] = entry
+    return out
+
+
+def _hit_rate(cached: int, reported: int) -> dict:
+    return {"cached_tokens": cached, "prompt_tokens": reported,
+            "hit_rate": round(cached / reported, 6) if reported else None}
 
 
 def _cold_start(run_dir: Path, summary: dict) -> dict | None:

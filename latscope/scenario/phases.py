@@ -100,6 +100,18 @@ class IdleArrival(Model):
     type: Literal["idle"] = "idle"
 
 
+class UsersArrival(Model):
+    """Closed loop: `users` concurrent users, each sending one session (or one request, for a class
+    without sessions) after another, the next as soon as the last ended, for the phase's duration.
+    They start evenly spread over `ramp`. The offered load then follows the server: a slow server
+    lowers its own load (coordinated omission), so achieved throughput and service time are what such
+    a phase measures, not open-loop latency. Every LLM benchmark calls this "concurrency"."""
+
+    type: Literal["users"] = "users"
+    users: int = Field(ge=1, le=100_000)
+    ramp: Duration = 0.0
+
+
 class TraceLengths(Model):
     """Per-request lengths from a trace's columns (the Azure trace: ContextTokens, GeneratedTokens).
     They replace the workload class's prompt_tokens / output_tokens for the phase's requests, after
@@ -113,14 +125,31 @@ class TraceLengths(Model):
 
 
 class TraceArrival(Model):
-    """Arrival times replayed from a CSV file (relative paths: from the scenario's folder)."""
+    """Arrival times replayed from a file (relative paths: from the scenario's folder): a CSV with a
+    time column (`format: csv`), or a Mooncake trace (`format: mooncake`: JSON lines of timestamp ms,
+    input_length, output_length and hash_ids of 512-token blocks), whose prompts are built so that
+    equal block ids are equal text and different ids different text (latscope/mooncake.py): the
+    server sees exactly the trace's prefix sharing. `scale` (mooncake) shrinks the blocks and
+    lengths for a small server, keeping the block structure."""
 
     type: Literal["trace"] = "trace"
     file: str = Field(min_length=1)
+    format: Literal["csv", "mooncake"] = "csv"
     time_column: str | None = None
     speedup: float = Field(1.0, gt=0)
     start: Duration = 0.0  # skip the trace's first `start` seconds
-    lengths: TraceLengths | None = None  # per-request prompt/output lengths from the trace's columns
+    lengths: TraceLengths | None = None  # per-request prompt/output lengths from the trace's columns (csv), caps
+    scale: float = Field(1.0, gt=0, le=1)  # mooncake: block size and lengths times this
+
+    @model_validator(mode="after")
+    def _options_of_its_format(self) -> TraceArrival:
+        if self.format == "mooncake" and (self.time_column is not None or self.lengths is not None and (
+                self.lengths.prompt_column or self.lengths.output_column or self.lengths.scale != 1)):
+            raise ValueError("a Mooncake trace brings its own times and lengths: leave out time_column and lengths' "
+                             "columns and scale (scale shrinks them; lengths.max_prompt and max_output cap them)")
+        if self.format == "csv" and self.scale != 1:
+            raise ValueError("scale is for format: mooncake; a CSV trace's lengths scale with lengths.scale")
+        return self
 
 
 Arrival = Annotated[
@@ -133,6 +162,7 @@ Arrival = Annotated[
         StepsArrival,
         SpikeArrival,
         IdleArrival,
+        UsersArrival,
         TraceArrival,
     ],
     Field(discriminator="type"),

@@ -139,6 +139,9 @@ class Scenario(Model):
                     raise ProblemAt((*where, "url"), str(exc)) from None
             if spec.needs_model and (cls.model or self.target.model) is None:
                 raise ProblemAt(where, f"protocol {protocol} needs a model name (target.model or the class's model)")
+            if cls.session is not None and protocol != "openai":
+                raise ProblemAt((*where, "session"), f"sessions are conversations of text turns: they need protocol "
+                                                      f"openai, not {protocol}")
             if spec.needs_tensors and not cls.tensors:
                 raise ProblemAt(where, f"protocol {protocol} needs tensors (the inputs to send)")
             if cls.protocol is not None and cls.url is None and not _takes(spec, self.target.url):

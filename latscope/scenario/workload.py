@@ -11,8 +11,8 @@ from typing import Annotated, Any, Literal, Union, get_args
 import numpy as np
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
-from latscope.scenario.base import (NAME_RE, SECRET_BY_NAME, URL_CREDENTIALS, Headers, HeaderValue, Model, ModelName,
-                                    ProblemAt, check_method, check_path, check_unique)
+from latscope.scenario.base import (NAME_RE, SECRET_BY_NAME, URL_CREDENTIALS, Duration, Headers, HeaderValue, Model,
+                                    ModelName, ProblemAt, check_method, check_path, check_unique)
 from latscope.scenario.protocols import KServeOptions, OpenAIOptions, Protocol, check_url
 from latscope.scenario.settings import Goodput
 
@@ -96,11 +96,98 @@ def encoded_body(body: Any) -> bytes:
 
 class Dataset(Model):
     """Prompts from a JSONL file: `format: text` takes the string in `field` of each line;
-    `format: sharegpt` takes each conversation's first human turn (`conversations[].from/value`)."""
+    `format: sharegpt` takes each conversation's first human turn (`conversations[].from/value`), or,
+    for a class with a `session`, its human turns in order."""
 
     file: str = Field(min_length=1)
     format: Literal["text", "sharegpt"] = "text"
     field: str = "text"
+
+
+MAX_TURNS = 64  # turns of one session: per-turn histograms are kept for every turn index
+MAX_THINK_S = 3600.0
+
+
+class FixedThink(Model):
+    dist: Literal["fixed"] = "fixed"
+    value: Duration
+
+
+class UniformThink(Model):
+    """Uniform between `min` and `max` seconds."""
+
+    dist: Literal["uniform"] = "uniform"
+    min: Duration
+    max: Duration
+
+    @model_validator(mode="after")
+    def _ordered(self) -> UniformThink:
+        if self.max < self.min:
+            raise ValueError(f"max ({self.max:g} s) must be at least min ({self.min:g} s)")
+        return self
+
+
+class ExponentialThink(Model):
+    """Exponential with this mean (memoryless: a user as likely to answer now as later)."""
+
+    dist: Literal["exponential"] = "exponential"
+    mean: Annotated[Duration, Field(gt=0)]
+
+
+class LognormalThink(Model):
+    """Log-normal with this mean and standard deviation in seconds (not of the log)."""
+
+    dist: Literal["lognormal"] = "lognormal"
+    mean: Annotated[Duration, Field(gt=0)]
+    std: Annotated[Duration, Field(gt=0)]
+
+
+ThinkDist = Annotated[Union[FixedThink, UniformThink, ExponentialThink, LognormalThink], Field(discriminator="dist")]
+
+
+def _think(value: Any) -> Any:
+    """`think_time: 2s` (or a number of seconds) is short for `{dist: fixed, value: 2s}`."""
+    if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+        return {"dist": "fixed", "value": value}
+    return value
+
+
+class SharedPrefix(Model):
+    """A system prompt of `tokens` tokens in front of every turn of the class's sessions: the same text
+    for every session, or one of `variants` different texts (each session takes one, seeded)."""
+
+    tokens: int = Field(ge=1, le=MAX_LENGTH)
+    variants: int = Field(1, ge=1, le=1_000_000)
+
+
+class Session(Model):
+    """The class's requests are conversations: `turns` turns, each sent `think_time` after the answer
+    to the one before (open loop: a session's *start* comes from the phase's arrivals; its later
+    turns from its own answers). Each turn's new text has the class's prompt_tokens and asks for its
+    output_tokens (or comes from a ShareGPT dataset's human turns, in order). `history: carry` sends
+    every earlier turn and the answer the server gave to it (chat); `new` sends only the new text."""
+
+    turns: Length | None = None  # default: 1, or a ShareGPT conversation's human turns
+    think_time: Annotated[ThinkDist, BeforeValidator(_think)] = FixedThink(value=0.0)
+    history: Literal["carry", "new"] = "carry"
+    shared_prefix: SharedPrefix | None = None
+
+    @field_validator("turns")
+    @classmethod
+    def _turns_bounded(cls, turns: LengthDist | None) -> LengthDist | None:
+        if turns is not None and turns.dist != "empirical":
+            top = turns.max if turns.dist != "fixed" else turns.value
+            if top is None or top > MAX_TURNS:
+                raise ValueError(f"sessions have at most {MAX_TURNS} turns: give a max of at most {MAX_TURNS}")
+        return turns
+
+    @field_validator("think_time")
+    @classmethod
+    def _think_bounded(cls, think: ThinkDist) -> ThinkDist:
+        top = {"fixed": "value", "uniform": "max", "exponential": "mean", "lognormal": "mean"}[think.dist]
+        if getattr(think, top) > MAX_THINK_S:
+            raise ValueError(f"think times are at most {MAX_THINK_S:g} s")
+        return think
 
 
 # The KServe v2 datatypes a tensor may be given as, and the numpy dtype of each (workload.py builds
@@ -154,6 +241,7 @@ class WorkloadClass(Model):
     dataset: Dataset | None = None
     tensors: list[TensorSpec] = []
     goodput: Goodput | None = None
+    session: Session | None = None
 
     @field_validator("name")
     @classmethod

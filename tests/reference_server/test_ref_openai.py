@@ -188,7 +188,9 @@ def test_sse_wire_format_and_server_timing(server):
     assert all(e.startswith("data: {") for e in events[:-2])
     chunks = [json.loads(e[6:]) for e in events[:-2]]
     assert [len(c["choices"]) for c in chunks] == [1] * 5 + [0]
-    assert chunks[-1]["usage"] == {"prompt_tokens": 30, "completion_tokens": 5, "total_tokens": 35}
+    # The same 30-token prompt a second time: its first full block (16 tokens) came from the prefix cache.
+    assert chunks[-1]["usage"] == {"prompt_tokens": 30, "completion_tokens": 5, "total_tokens": 35,
+                                   "prompt_tokens_details": {"cached_tokens": 16}}
     assert len({c["id"] for c in chunks}) == 1
 
 
@@ -214,8 +216,8 @@ def test_longer_prompts_take_longer_to_first_token(server):
                 for n in (20, 600):
                     s = await sse_stream(session, server, words(n, f"p{i}x"), 1)
                     ttft[n].append(s["first"] - s["started"])
-                    async with session.post(f"{server}/v1/completions",
-                                            json={"model": MODEL, "prompt": words(n), "max_tokens": 1}) as r:
+                    async with session.post(f"{server}/v1/completions",  # a new prompt: no prefix cached
+                                            json={"model": MODEL, "prompt": words(n, f"q{i}x"), "max_tokens": 1}) as r:
                         prefill[n].append(server_timing_ms(r.headers["Server-Timing"])["prefill"])
         return ttft, prefill
 

@@ -45,10 +45,12 @@ def test_the_fixtures_events_and_files_use_the_catalogue():
         event = json.loads(line)
         assert set(event) - {"event", "t_s", "wall"} <= set(schema.EVENT_TYPES[event["event"]].fields)
     timeseries = pq.read_schema(FIXTURE / schema.TIMESERIES)
-    # Columns are only ever added, at the end: the fixture predates the goodput counters.
-    assert timeseries.names + list(schema.GOODPUT_COUNTERS) == list(schema.TIMESERIES_COLUMNS)
+    # Columns are only ever added, at the end: the fixture predates the goodput, cache and session
+    # counters, and the schedule's session columns.
+    later = (*schema.GOODPUT_COUNTERS, *schema.CACHE_COUNTERS, *schema.SESSION_COUNTERS)
+    assert timeseries.names + list(later) == list(schema.TIMESERIES_COLUMNS)
     assert pq.read_schema(FIXTURE / schema.TELEMETRY).names == list(schema.TELEMETRY_COLUMNS)
-    assert pq.read_schema(FIXTURE / schema.SCHEDULE).names == list(schema.SCHEDULE_COLUMNS)
+    assert pq.read_schema(FIXTURE / schema.SCHEDULE).names + ["session", "turn", "think_s"] == list(schema.SCHEDULE_COLUMNS)
     summary = json.loads((FIXTURE / schema.SUMMARY).read_text())
     assert list(summary["errors"]) == list(schema.ERROR_KINDS)
     assert list(summary["metrics"]) == schema.summary_order(summary["metrics"])
@@ -69,4 +71,9 @@ def test_counter_indices_name_their_counters():
     assert [schema.COUNTERS[i] for i in (schema.PROMPT_TOKENS, schema.OUTPUT_TOKENS, schema.OUTPUT_TOKENS_USAGE)] == list(
         schema.TOKEN_COUNTERS)
     assert [schema.COUNTERS[i] for i in (schema.GOOD, schema.GOOD_OUTPUT_TOKENS)] == list(schema.GOODPUT_COUNTERS)
-    assert schema.COUNTERS[-2:] == schema.GOODPUT_COUNTERS == schema.TIMESERIES_COLUMNS[-2:]  # added last: no index moved
+    assert [schema.COUNTERS[i] for i in (schema.CACHED_TOKENS, schema.CACHE_REPORTED)] == list(schema.CACHE_COUNTERS)
+    assert [schema.COUNTERS[i] for i in (schema.SESSIONS_STARTED, schema.SESSIONS_COMPLETED, schema.SESSIONS_ABANDONED,
+                                         schema.SESSIONS_CUT, schema.TURNS_NOT_SENT)] == list(schema.SESSION_COUNTERS)
+    # each added last, in its turn: no index moved
+    later = (*schema.GOODPUT_COUNTERS, *schema.CACHE_COUNTERS, *schema.SESSION_COUNTERS)
+    assert schema.COUNTERS[-len(later):] == later == schema.TIMESERIES_COLUMNS[-len(later):]

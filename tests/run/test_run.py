@@ -6,7 +6,6 @@ import asyncio
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -16,11 +15,11 @@ from aiohttp import web
 
 from latscope.results.hlog import read_hlog
 from latscope.results import read_events
-from helpers import read_summary
+from helpers import read_summary, run_cli_until
 from latscope.run import run_scenario
 from latscope.scenario import scenario_from_dict
 
-from conftest import REPO, free_port, scenario_dict, serve
+from conftest import free_port, scenario_dict, serve
 
 LATSCOPE = [sys.executable, "-m", "latscope.cli"]
 
@@ -46,16 +45,8 @@ def test_interrupt_mid_run_leaves_complete_partial_results(target, tmp_path, sig
     path = tmp_path / "long.yaml"
     path.write_text(yaml.safe_dump(data))
     out = tmp_path / "run"
-    proc = subprocess.Popen([*LATSCOPE, "run", str(path), "--out", str(out), "--workers", "2", "--quiet"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO)
-    deadline = time.monotonic() + 30
-    while not (out / "events.jsonl").exists() or "run_start" not in (out / "events.jsonl").read_text():
-        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[0]
-        time.sleep(0.1)
-    time.sleep(3)
-    proc.send_signal(sig)
-    output, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 1, output
+    code, output = run_cli_until(path, out, 3, sig, workers=2)
+    assert code == 1, output
     summary = assert_complete_results(out)
     assert summary["partial"] is True
     assert signal.Signals(sig).name in summary["abort_reason"]

@@ -58,6 +58,7 @@ phases:
   - {name: steps, duration: 30s, arrival: {type: steps, rates: [1, 2, 0], step: 10s}}
   - {name: spike, duration: 30s, arrival: {type: spike, base_rate: 1, spike_rate: 100, at: 0, length: 2s}}
   - {name: quiet, duration: 2s, arrival: {type: idle}}
+  - {name: users, duration: 10s, arrival: {type: users, users: 8, ramp: 2s}}
   - {name: trace, arrival: {type: trace, file: data/trace.csv, speedup: 10, start: 1m}}
 slos:
   - {class: small, stat: p99.9, limit_ms: 100}
@@ -99,13 +100,14 @@ def test_full_scenario_with_every_arrival_type_loads(tmp_path):
     assert t.launch.env == {"PORT": "8765"} and t.launch.ready_timeout == 60.0
 
     durations = [p.duration for p in s.phases]
-    assert durations == [5.0, 90.0, 3600.0, 120.0, 30.0, 30.0, 30.0, 2.0, None]
+    assert durations == [5.0, 90.0, 3600.0, 120.0, 30.0, 30.0, 30.0, 2.0, 10.0, None]
     assert isinstance(durations[0], float)
     burst = s.phases[2].arrival
     assert isinstance(burst, BurstArrival) and (burst.burst_length, burst.period, burst.spacing) == (1.5, 10.0, "even")
     assert s.phases[3].arrival.mean_burst_length == 0.5
     assert s.phases[4].arrival.spacing == "poisson"
-    assert s.phases[8].arrival.start == 60.0 and s.phases[8].arrival.time_column is None
+    assert (s.phases[8].arrival.users, s.phases[8].arrival.ramp) == (8, 2.0)
+    assert s.phases[9].arrival.start == 60.0 and s.phases[9].arrival.time_column is None
 
     assert [c.name for c in s.workload.effective_classes()] == ["small", "large"]
     assert s.workload.classes[0].weight == 3.0 and s.workload.classes[0].body is None
@@ -202,7 +204,7 @@ def test_unknown_arrival_type_names_allowed_types_and_line(tmp_path):
     path = write(tmp_path, MINIMAL.replace("type: constant", "type: exponential"))
     message = error_of(path)
     assert (f"{path}:7: phases[0].arrival.type: unknown type 'exponential' "
-            "(allowed: constant, poisson, burst, mmpp, ramp, steps, spike, idle, trace)") in message
+            "(allowed: constant, poisson, burst, mmpp, ramp, steps, spike, idle, users, trace)") in message
 
 
 def test_missing_arrival_type_is_explained(tmp_path):
@@ -395,7 +397,7 @@ def test_json_schema_describes_phases_and_arrival_types():
     arrival = schema["$defs"]["Phase"]["properties"]["arrival"]
     assert set(arrival["discriminator"]["mapping"]) == set(ARRIVAL_TYPES)
     consts = {schema["$defs"][ref["$ref"].split("/")[-1]]["properties"]["type"]["const"] for ref in arrival["oneOf"]}
-    assert consts == set(ARRIVAL_TYPES) == {"constant", "poisson", "burst", "mmpp", "ramp", "steps", "spike", "idle", "trace"}
+    assert consts == set(ARRIVAL_TYPES) == {"constant", "poisson", "burst", "mmpp", "ramp", "steps", "spike", "idle", "users", "trace"}
     assert "class" in schema["$defs"]["Slo"]["properties"]
     assert schema["$defs"]["Target"]["additionalProperties"] is False
 

@@ -16,14 +16,14 @@ import yaml
 from latscope.records import IntervalReport
 from latscope.recorder import Recorder
 from latscope.results import EventLog, read_events
-from helpers import read_summary
+from helpers import read_summary, run_cli_until
 from latscope.run import run_scenario
 from latscope.scenario import Telemetry as TelemetryConfig
 from latscope.scenario import scenario_from_dict
 from latscope.telemetry.host import HostSampler, loop_lag_sample
 from latscope.telemetry.session import TelemetrySession
 
-from conftest import REPO, free_port, scenario_dict
+from conftest import free_port, scenario_dict
 
 BUSY = "import time\nend = time.monotonic() + 20\nwhile time.monotonic() < end: pass"
 IDLE = "import time\ntime.sleep(20)"
@@ -124,16 +124,8 @@ def test_a_run_stopped_by_sigterm_still_writes_its_telemetry(target, tmp_path):
     path = tmp_path / "long.yaml"
     path.write_text(yaml.safe_dump(data))
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "latscope.cli", "run", str(path), "--out", str(out), "--workers", "1",
-                             "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO)
-    deadline = time.monotonic() + 30
-    while not (out / "events.jsonl").exists() or "run_start" not in (out / "events.jsonl").read_text():
-        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[0]
-        time.sleep(0.1)
-    time.sleep(1.5)
-    proc.send_signal(signal.SIGTERM)
-    output, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 1, output
+    code, output = run_cli_until(path, out, 1.5, signal.SIGTERM)
+    assert code == 1, output
     assert read_summary(out)["partial"] is True
     df = pd.read_parquet(out / "telemetry.parquet")
     cpu = df[(df.device == "worker-0") & (df.metric == "cpu_pct")]
