@@ -66,13 +66,15 @@ YIELD_EVERY = 64  # when behind schedule, let responses be read at least this of
 # Event-loop timers have millisecond granularity (libuv rounds to whole ms on a cached clock), so a
 # timer alone sends up to ~1 ms late. With the precise timer the engine sleeps until SPIN_NS before
 # the intended time and polls the clock for the rest, yielding to the loop at each poll so responses
-# are still read on time. It costs up to rate x SPIN_NS of CPU per second; the coarse timer costs none.
+# are still read on time. It costs up to rate x SPIN_NS of CPU per second; the coarse timer costs little
+# (uvloop runs a timer under 0.5 ms at once, so it too polls the last half millisecond: ~20 loop turns a send).
 SPIN_NS = 1_000_000
 LOOKAHEAD_NS = 1_000_000_000  # the look-ahead window prepares requests due within this ...
 LOOKAHEAD_REQUESTS = 1024  # ... at most this many ...
 LOOKAHEAD_BYTES = 64 << 20  # ... holding at most this many bytes of ready requests
 MARGIN_NS = 50_000  # work that can wait starts only if twice its recent cost plus this is left before the next send
 PREPARE_SLICE_NS = 100_000  # preparing ahead yields to the loop at least this often
+TURNS_LOOKED_AT = 8  # session turns looked at per prepare ahead (in arrival order; due order is the heap's)
 REPORT_DEFER_NS = 50_000_000  # an interval's report waits for a gap between sends at most this long
 REPORT_POLL_S = 0.0005
 # The collector's thresholds in a worker, after start-up is frozen out of its reach (gc.freeze). A young
@@ -197,17 +199,26 @@ class Engine:
     def _pop(self, request: Request) -> bool:
         """Take `request`, which `_peek` just gave, out of where it waited; whether it is a plan row
         (not a session's later turn)."""
-        if self._later and self._later[0][2] is request:
+        if self._head is request:
+            self._head = None
+            return True
+        if self._later[0][2] is request:
             heapq.heappop(self._later)
-            return False
-        self._head = None
-        return True
+        else:  # a turn due earlier came in between the look and the take (while yielding): rare
+            self._later.remove((request.intended_ns, request.seq, request))
+            heapq.heapify(self._later)
+        if request.wire is not None:  # prepared ahead: its bytes leave the window's count
+            self._ready_bytes -= request.wire_bytes
+        return False
 
     def _push(self, request: Request) -> None:
         """A session's next turn, due at its intended time; the send loop looks again if it is earlier
         than what it waits for."""
         heapq.heappush(self._later, (request.intended_ns, request.seq, request))
         self._later_unprepared.append(request)
+        if len(self._later_unprepared) > 2 * len(self._later) + 64:  # most were sent unprepared ahead: forget them
+            waiting = {id(entry[2]) for entry in self._later}
+            self._later_unprepared = deque(r for r in self._later_unprepared if r.wire is None and id(r) in waiting)
         self._wake()
 
     def _wake(self) -> None:
@@ -245,12 +256,11 @@ class Engine:
             return False
         if waiting is not None and waiting.wire is None:
             self._prepare(waiting)
+            if waiting is not self._head:  # a session turn: counted in the window's bytes until taken
+                self._ready_bytes += waiting.wire_bytes
             return waiting.wire is not None  # a client that prepares nothing (the callable one) stays as it is
-        while self._later_unprepared:  # sessions' next turns, which have their think time to be built in
-            request = self._later_unprepared.popleft()
-            if request.wire is None:
-                self._prepare(request)
-                return request.wire is not None
+        if self._later_unprepared and self._prepare_turn_ahead():
+            return True
         if len(self._ready) >= LOOKAHEAD_REQUESTS or self._ready_bytes >= LOOKAHEAD_BYTES:
             return False
         if self._next is None:
@@ -263,6 +273,23 @@ class Engine:
         self._ready.append(request)
         self._ready_bytes += request.wire_bytes
         return True
+
+    def _prepare_turn_ahead(self) -> bool:
+        """Prepare one session turn due within LOOKAHEAD_NS (the window's bytes bound counts it too),
+        looking at a few of the turns not prepared yet, in the order they came (a turn due later goes
+        to the back; one already sent is forgotten); True when it did."""
+        now = time.perf_counter_ns()
+        for _ in range(min(len(self._later_unprepared), TURNS_LOOKED_AT)):
+            request = self._later_unprepared.popleft()
+            if request.wire is not None:  # sent (a send prepares what was not)
+                continue
+            if request.intended_ns - now > LOOKAHEAD_NS or self._ready_bytes >= LOOKAHEAD_BYTES:
+                self._later_unprepared.append(request)
+                continue
+            self._prepare(request)
+            self._ready_bytes += request.wire_bytes
+            return request.wire is not None
+        return False
 
     async def _sleep_until(self, when_ns: int, waiting: Request | None = None) -> None:
         """Sleep until `when_ns` (see SPIN_NS), preparing requests ahead meanwhile (`waiting`, the one
@@ -333,7 +360,7 @@ class Engine:
                         self._push(request)  # not sent: the sessions' count at the end sees it
                     return
             if request.wire is None:  # the window did not reach it: prepared now, its cost in send lag
-                self.client.prepare(request)
+                self._prepare(request)  # (and in the cost estimate, which must be able to come down)
             self.in_flight += 1
             self.sent += 1
             count(cls, warm, SENT)

@@ -65,7 +65,7 @@ class Outcome:
 @dataclass(slots=True)
 class Conversation:
     """One session in progress in a worker (chat.py keeps them; sessions.py planned their turns).
-    The client builds each turn from it and, after a successful answer, adds the turn and the answer
+    The client builds each turn from it and adds the turn, and after a successful answer the answer,
     to `history`, in the client's own form (for the OpenAI client: the serialized messages so far),
     so a long history is appended to, never serialized again."""
 
@@ -76,8 +76,7 @@ class Conversation:
     turns: int  # how many turns it plans
     started_ns: int  # turn 1's intended time
     user: int = -1  # the closed-loop user running it (-1: an open-loop session)
-    history: Any = None  # the client's form of the turns so far (None: none yet)
-    pending: Any = None  # the turn being sent, in the client's form, added to history with its answer
+    history: Any = None  # the client's form of the turns so far, and the one being sent (None: none yet)
 
 
 @dataclass(slots=True)

@@ -355,3 +355,24 @@ def test_client_inclusive_latency_adds_the_encode_done_before_the_intended_time(
 
     assert dict(zip(indices.tolist(), counts.tolist())) == dict(zip(bucket_indices(np.array([22_000, 21_000, 20_000])).tolist(),
                                                                  [1, 1, 1]))
+
+
+class _OneSlowPrepare(_SlowToPrepare):
+    """The first request takes 20 ms to build (a cold first call, a GC pause), every later one 0.1 ms."""
+
+    def prepare(self, request) -> None:
+        super().prepare(request)
+        self.prepare_ns = 100_000
+
+
+def test_one_slow_prepare_does_not_turn_the_look_ahead_off_for_good():
+    """Requests every 4 ms; the first prepare takes 20 ms. The engine's prepare-cost estimate (a
+    decaying maximum, × 15/16 per prepare) then says no prepare fits a 4 ms gap (2 × 20 ms + 50 µs),
+    so requests are prepared at their send; those prepares bring the estimate down too, so after
+    ~log(20 / 1.9) / log(16 / 15) ≈ 37 of them it fits again and the look-ahead is back: of the last
+    100 requests, every one was ready before it was due. (Were the estimate updated only by prepares
+    ahead, it would stay at 20 ms and every later request would be prepared at its send.)"""
+    client = _OneSlowPrepare(20.0)
+    _run_engine(None, [0.004 * k for k in range(300)], max_in_flight=100, overflow="queue", client=client)
+    late = [r for r in client.inner.requests[-100:] if r.prepared_ns >= r.intended_ns]
+    assert not late, len(late)

@@ -239,21 +239,14 @@ class OpenAIClient:
         started = _pc()
         payload = self._payloads.get(request)
         prompt = payload.prompt if payload.prompt is not None else ""
-        doc: dict[str, Any] = {"model": cls.model} if cls.model is not None else {}
+        model: dict[str, Any] = {"model": cls.model} if cls.model is not None else {}
+        fields: dict[str, Any] = {"max_tokens": payload.max_tokens} if payload.max_tokens else {}
+        fields.update(cls.rest)
         if request.session is not None:
-            if payload.max_tokens:
-                doc["max_tokens"] = payload.max_tokens
-            doc.update(cls.rest)
-            body = self._session_body(cls, request, prompt, _dumps(doc).encode())
+            body = self._session_body(cls, request, prompt, _dumps({**model, **fields}).encode())
         else:
-            if cls.chat:
-                doc["messages"] = [{"role": "user", "content": prompt}]
-            else:
-                doc["prompt"] = prompt
-            if payload.max_tokens:
-                doc["max_tokens"] = payload.max_tokens
-            doc.update(cls.rest)
-            body = _dumps(doc).encode()
+            text: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}]} if cls.chat else {"prompt": prompt}
+            body = _dumps({**model, **text, **fields}).encode()
         request.wire = b"%s%sContent-Length: %d\r\n\r\n%s" % (cls.prefix, request_id_line(cls.request_id, request.seq),
                                                                len(body), body)
         request.wire_bytes = len(request.wire)
@@ -263,7 +256,8 @@ class OpenAIClient:
     def _session_body(self, cls: _ClassRequest, request: Request, text: str, rest: bytes) -> bytes:
         """A session turn's body: the shared prefix, the history so far (carried), the new text, then
         `rest` (the other fields, serialized). The history is kept serialized on the conversation and
-        only appended to (`_remember`), so a long one costs a copy per turn, not a JSON encode.
+        only appended to: the new text here (a failed turn ends its session, so its text is never
+        carried), the answer by `_remember`; a long history costs a copy per turn, not a JSON encode.
 
         chat:        {"messages": [system prefix, user 1, assistant 1, …, user k], …rest}
         completions: {"prompt": "prefix\n" + user 1 + answer 1 + "\n" + … + user k, …rest}
@@ -277,24 +271,27 @@ class OpenAIClient:
                 conv.history = bytearray(_escaped(prefix + "\n") if prefix else b"")
         tail = b"," + rest[1:] if len(rest) > 2 else b"}"
         if cls.chat:
-            conv.pending = b'{"role":"user","content":%s}' % _dumps(text).encode()
-            separator = b"," if conv.history else b""
-            return b'{"messages":[%s%s%s]%s' % (conv.history, separator, conv.pending, tail)
-        conv.pending = _escaped(text)
-        return b'{"prompt":"%s%s"%s' % (conv.history, conv.pending, tail)
+            turn = b'%s{"role":"user","content":%s}' % (b"," if conv.history else b"", _dumps(text).encode())
+        else:
+            turn = _escaped(text)
+        if conv.carry:
+            conv.history += turn
+            history, turn = conv.history, b""
+        else:
+            history = conv.history
+        if cls.chat:
+            return b'{"messages":[%s%s]%s' % (history, turn, tail)
+        return b'{"prompt":"%s%s"%s' % (history, turn, tail)
 
     @staticmethod
     def _remember(cls: _ClassRequest, request: Request, answer: str) -> None:
-        """After a session turn's answer: the turn and the answer, as the server gave it, join the
-        history the next turn carries."""
+        """After a session turn's answer: the answer, as the server gave it, joins the history the next
+        turn carries (after the turn's own text, added when it was built)."""
         conv = request.session
         if cls.chat:
-            separator = b"," if conv.history else b""
-            conv.history += b'%s%s,{"role":"assistant","content":%s}' % (separator, conv.pending,
-                                                                          _dumps(answer).encode())
+            conv.history += b',{"role":"assistant","content":%s}' % _dumps(answer).encode()
         else:
-            conv.history += conv.pending + _escaped(answer + "\n")
-        conv.pending = None
+            conv.history += _escaped(answer + "\n")
 
     async def send(self, request: Request) -> Outcome:
         """One request, prepared already (or now); `sent_ns` is stamped before a connection is taken
