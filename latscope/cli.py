@@ -250,11 +250,21 @@ def validate(scenario_file: Path, overrides: tuple[str, ...]) -> None:
     except ScenarioError as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
     click.echo(f"{scenario_file}: ok — scenario {scenario.name!r}, target {scenario.target.protocol} {redact_url(scenario.target.url)}")
-    for p in plan.phases:
+    for i, p in enumerate(plan.phases):
         n = int(((plan.offsets_s >= p.start_s) & (plan.offsets_s < p.start_s + p.duration_s)).sum())
-        click.echo(f"  phase {p.name:<16} {p.duration_s:8.1f} s  {n:>9,} requests  {n / p.duration_s if p.duration_s else 0:9.1f}/s"
-                   + ("  (warm-up)" if p.warmup else ""))
-    click.echo(f"  total            {plan.duration_s:8.1f} s  {len(plan):>9,} requests")
+        if scenario.phases[i].arrival.type == "users":
+            click.echo(f"  phase {p.name:<16} {p.duration_s:8.1f} s  {n:>9,} users     closed loop: the server's speed decides "
+                       "how many requests" + ("  (warm-up)" if p.warmup else ""))
+            continue
+        click.echo(f"  phase {p.name:<16} {p.duration_s:8.1f} s  {n:>9,} {'arrivals' if plan.turns is not None else 'requests'}"
+                   f"  {n / p.duration_s if p.duration_s else 0:9.1f}/s" + ("  (warm-up)" if p.warmup else ""))
+    click.echo(f"  total            {plan.duration_s:8.1f} s  {int(plan.planned_requests.sum()):>9,} requests planned")
+    if plan.turns is not None and len(plan.turns):
+        t = plan.turns
+        later_think = np.delete(t.think_s, t.first)  # a first turn has none
+        think = f", think time p50 {np.median(later_think):.2f} s" if len(later_think) else ""
+        click.echo(f"  sessions         {len(t):>9,} open-loop sessions, {len(t.prompt_tokens):,} turns (mean "
+                   f"{t.count.mean():.1f} a session){think}")
     for i, name in enumerate(plan.class_names):
         e, mine = scenario.endpoint(i), plan.cls == i
         click.echo(f"  class {name:<16} {mine.mean() if len(plan) else 0:8.1%}  {e.protocol} {e.method} {redact_url(e.url)}{e.path}")

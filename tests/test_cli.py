@@ -63,6 +63,16 @@ def test_validate_prints_the_plan(tmp_path):
     assert "5 requests" in r.stdout
 
 
+def test_validate_counts_sessions_turns_and_users(tmp_path):
+    """Sessions plan their turns (chat_sessions.yaml: 33 sessions of 4 turns); a closed-loop phase plans users."""
+    r = latscope("validate", str(REPO / "scenarios" / "chat_sessions.yaml"), "--set",
+                 "phases.1.arrival={type: users, users: 8, ramp: 2s}")
+    assert r.returncode == 0, r.stderr
+    assert "33 arrivals" in r.stdout and "132 requests planned" in r.stdout
+    assert "33 open-loop sessions, 132 turns (mean 4.0 a session), think time p50" in r.stdout
+    assert "8 users     closed loop" in r.stdout
+
+
 def test_validate_lists_actions_with_their_times_and_no_secret(tmp_path):
     path = write(tmp_path, GOOD + "actions:\n"
                  "  - {name: scale, at: 0.2, command: 'kubectl scale --token ${SCALE_TOKEN} deploy/x --replicas 3'}\n"
