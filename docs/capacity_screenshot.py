@@ -21,9 +21,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "report"))
-from browser_cdp import Browser, chromium_path  # noqa: E402  (the tests' DevTools-protocol driver)
+from browser_cdp import Browser, PLOTS_DONE, chromium_path  # noqa: E402  (the tests' DevTools-protocol driver)
 
-PLOTS_DONE = "document.body.getAttribute('data-plots') === 'done'"
 
 
 def screenshot(html_path: str | Path, png_path: str | Path, width: int = 1200, height: int | None = 1400,

@@ -16,9 +16,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "report"))
-from browser_cdp import Browser, chromium_path  # noqa: E402  (the tests' DevTools-protocol driver)
+from browser_cdp import Browser, PLOTS_DONE, chromium_path  # noqa: E402  (the tests' DevTools-protocol driver)
 
-PLOTS_DONE = "document.body.getAttribute('data-plots') === 'done'"
 
 
 def main() -> None:

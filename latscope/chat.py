@@ -70,6 +70,7 @@ class Conversations:
         self._user_sessions: dict[int, int] = {}  # user -> sessions started
         self._user_end_ns: dict[int, int] = {}  # user -> its phase's end
         self._user_phase: dict[int, int] = {}  # user -> its phase's index
+        self._phase_classes: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # phase -> its classes and their weights
         self._live: dict[int, _Live] = {}  # conversation id -> state
         self._open_sessions = len(turns) if turns is not None else 0
         if plan.user is not None:  # what closed-loop users draw from (sessions.user_session)
@@ -182,9 +183,11 @@ class Conversations:
         return self._turn(state, at_ns)
 
     def _user_classes(self, user: int) -> tuple[np.ndarray, np.ndarray]:
-        """The classes a user's sessions are drawn from (its phase's, by weight)."""
-        phase = self.scenario.phases[self._user_phase[user]]
-        classes = self.scenario.workload.effective_classes()
-        allowed = [i for i, c in enumerate(classes) if phase.classes is None or c.name in phase.classes]
-        weights = np.array([classes[i].weight for i in allowed], float)
-        return np.array(allowed), weights / weights.sum()
+        """The classes a user's sessions are drawn from (its phase's, by weight), worked out once a phase."""
+        i = self._user_phase[user]
+        if i not in self._phase_classes:
+            phase, classes = self.scenario.phases[i], self.scenario.workload.effective_classes()
+            allowed = [j for j, c in enumerate(classes) if phase.classes is None or c.name in phase.classes]
+            weights = np.array([classes[j].weight for j in allowed], float)
+            self._phase_classes[i] = (np.array(allowed), weights / weights.sum())
+        return self._phase_classes[i]

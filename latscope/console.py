@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from latscope.analysis import coldstart
+from latscope.analysis.sessions import closed_loop
 from latscope.capacity import StepStart
 from latscope.report.capacity_page import cost_line
 from latscope.report.words import event_text, goodput_sentence, slo_value_text
@@ -141,8 +142,8 @@ def print_summary(console: Console, summary: dict, run_dir: object) -> None:
         console.print("errors by kind: " + ", ".join(f"{k} {v:,}" for k, v in errors.items()), highlight=False)
         for kind, examples in summary.get("error_examples", {}).items():
             console.print(Text(f"  {kind}: {examples[0]}", style="dim"))
-    load = summary.get("load") or {}
-    if load.get("model") in ("closed", "mixed"):
+    if closed_loop(summary):
+        load = summary["load"]
         console.print(Text(f"{load['users']:,} users, {load['note']}", "bold yellow"))
     for line in sessions_lines(summary):
         console.print(line, highlight=False)

@@ -23,7 +23,8 @@ from urllib.parse import quote
 from latscope.analysis.capacity_gate import read_capacity
 from latscope.report.capacity_figures import curve_keys, curve_panel, fmt_rate, goodput_panel
 from latscope.report.escape import esc_html
-from latscope.report.html import fmt_ms, page, safe_panel
+from latscope.report.html import page, safe_panel
+from latscope.report.words import fmt_ms
 from latscope.results import write_text
 from latscope.results.schema import CAPACITY_PAGE, CAPACITY_STOPS
 

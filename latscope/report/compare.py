@@ -14,9 +14,10 @@ from latscope.analysis import compare as compare_analysis
 from latscope.analysis.run_data import RunData
 from latscope.report import figures
 from latscope.report.escape import esc_html
-from latscope.report.html import fmt_ms, headline, metadata_table, page, safe_panel
+from latscope.report.html import headline, metadata_table, page, safe_panel
 from latscope.report.markdown import md
 from latscope.report.panels import PANELS
+from latscope.report.words import fmt_ms
 from latscope.results.schema import METRIC_GROUPS, OTHER_GROUP, metric_label
 
 # A change smaller than this (relative) is shown uncoloured: within run-to-run noise for most setups.

@@ -17,7 +17,6 @@ value can close the script element or open a tag.
 from __future__ import annotations
 
 import json
-import math
 import logging
 from typing import Callable
 
@@ -31,22 +30,13 @@ from latscope.report.escape import esc_html
 from latscope.report.figures import Panel
 from latscope.report.panels import PANELS
 from latscope.report.sessions_panel import closed_loop_lead
-from latscope.report.words import goodput_sentence, objectives_text, slo_value_text
+from latscope.report.words import fmt_ms, goodput_sentence, objectives_text, slo_value_text
 from latscope.results.schema import metric_label
 
 CDN_URL = "https://cdn.plot.ly/plotly-{version}.min.js"
 PERCENTILE_COLUMNS = (("p50_ms", "p50"), ("p90_ms", "p90"), ("p99_ms", "p99"), ("p99.9_ms", "p99.9"), ("max_ms", "max"))
 # The metrics of the percentile table, in order (others, like server.* parts, are in summary.json).
 TABLE_METRICS = ("latency", "ttft", "itl", "tpot", "service_time")
-
-
-def fmt_ms(value: float | None) -> str:
-    """Milliseconds with about three significant digits: 0.412, 9.81, 41.2, 1,204."""
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "–"
-    if value < 10:
-        return f"{value:.2f}" if value >= 1 else f"{value:.3f}"
-    return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
 
 
 def headline(summary: dict) -> str:

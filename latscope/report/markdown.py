@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 
 from latscope.analysis import coldstart
-from latscope.report.html import PERCENTILE_COLUMNS, TABLE_METRICS, fmt_ms, headline
-from latscope.report.words import goodput_sentence, objectives_text, slo_value_text
+from latscope.report.html import PERCENTILE_COLUMNS, TABLE_METRICS, headline
+from latscope.report.words import fmt_ms, goodput_sentence, objectives_text, slo_value_text
 from latscope.results.schema import metric_label
 
 # What can start markup inside a line of a table cell or a bold headline. Line-start syntax (#, -, 1.,

@@ -24,20 +24,11 @@ from plotly.subplots import make_subplots
 
 from latscope.report.escape import esc_label
 from latscope.report.figures import COLORS, MARGIN, TIME_AXIS, Panel, apply_layout, f32, log_ticks
+from latscope.report.words import fmt_ms
 
 TITLE = "Sessions and prefix cache"
 STAT_COLORS = {"p50": "#2ca02c", "p99": "#ff7f0e"}  # one class: the colours of the latency panels' p50 and p99
 ABANDONED_COLOR, CUT_COLOR, PROGRESS_COLOR = "#d62728", "#ff9f40", "#1f77b4"
-
-
-def _ms(value: object) -> str:
-    """Milliseconds with about three significant digits (html.fmt_ms's rule)."""
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "–"
-    value = float(value)
-    if value < 10:
-        return f"{value:.2f}" if value >= 1 else f"{value:.3f}"
-    return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
 
 
 def _pct(rate: object, none: str = "not reported") -> str:
@@ -86,7 +77,7 @@ _TURN_COLUMNS = (("turn", "turn", "int"), ("completed", "completed", "int"), ("e
                  ("latency p50 ms", "latency_p50_ms", "ms"), ("latency p99 ms", "latency_p99_ms", "ms"))
 _CACHE_COLUMNS = (("prompt tokens (cache reported)", "prompt_tokens", "int"), ("cached tokens", "cached_tokens", "int"),
                   ("prefix-cache hit rate", "hit_rate", "pct"))
-_WRITE = {"int": _int, "ms": _ms, "pct": _pct}
+_WRITE = {"int": _int, "ms": fmt_ms, "pct": _pct}
 
 
 def _table(tables: list[tuple[str, pd.DataFrame]], columns: tuple, compare: bool) -> str:

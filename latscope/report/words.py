@@ -21,11 +21,21 @@ It imports no plotly, so the terminal can use it without loading the figures.
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 from latscope.report.escape import esc_label
 
 LABEL_CHARS = 80
+
+
+def fmt_ms(value: float | None) -> str:
+    """Milliseconds with about three significant digits: 0.412, 9.81, 41.2, 1,204."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "–"
+    if value < 10:
+        return f"{value:.2f}" if value >= 1 else f"{value:.3f}"
+    return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
 
 
 def event_text(e: dict) -> str:

@@ -2,7 +2,7 @@
 enough to open a page, collect its JavaScript errors, evaluate expressions and take screenshots.
 
     with Browser(tmp_path) as browser:
-        page = browser.open(url, wait_for="document.body.getAttribute('data-plots') === 'done'")
+        page = browser.open(url, wait_for=PLOTS_DONE)
         page.errors            # uncaught exceptions, console errors and dialogs (alert, confirm...), as text
         page.evaluate("1 + 1")
         page.screenshot(path)  # the full page as PNG
@@ -25,6 +25,8 @@ from typing import Any
 import aiohttp
 
 START_TIMEOUT_S = 30.0
+# True once a latscope page (report, compare, capacity) has drawn all its plots: it sets this attribute.
+PLOTS_DONE = "document.body.getAttribute('data-plots') === 'done'"
 
 
 def chromium_path() -> str | None:

@@ -19,7 +19,7 @@ from typing import Iterator
 import pytest
 from aiohttp import web
 
-from browser_cdp import Browser, chromium_path
+from browser_cdp import Browser, PLOTS_DONE, chromium_path
 from conftest import REPO, serve, stream_target_process
 from latscope.report import write_compare, write_report
 from latscope.run import run_scenario
@@ -34,7 +34,6 @@ SCENARIO_NAME = '<script>window.__xss="scenario"</script>'
 PHASE_NAME = '<img src=x onerror="window.__xss=\'phase\'">'
 REPLICA_ID = '<svg onload="window.__xss=\'replica\'">'
 PAYLOADS = (ERROR_PAGE[ERROR_PAGE.index("<script>"):ERROR_PAGE.index("</body>")], SCENARIO_NAME, PHASE_NAME, REPLICA_ID)
-PLOTS_DONE = "document.body.getAttribute('data-plots') === 'done'"
 
 
 def _need_chromium() -> None:

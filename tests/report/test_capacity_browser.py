@@ -10,11 +10,11 @@ from typing import Iterator
 
 import pytest
 
-from browser_cdp import Browser
+from browser_cdp import PLOTS_DONE, Browser
 from conftest import REPO
 from capacity_sample import HOSTILE_CLASS, HOSTILE_SLO, IMG, SCENARIO, SCRIPT, capacity_dict, sample_capacity
 from latscope.report import write_capacity_page
-from test_browser import PLOTS_DONE, _need_chromium
+from test_browser import _need_chromium
 
 pytestmark = pytest.mark.timeout(180)
 

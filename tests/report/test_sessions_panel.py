@@ -265,7 +265,7 @@ def test_the_panel_renders_in_chromium(tmp_path):
     path = tmp_path / "report.html"
     path.write_text(report_html(load_run(SESSIONS_RUN)))
     with browser_cdp.Browser(tmp_path) as browser:
-        page = browser.open(path.resolve().as_uri(), wait_for="document.body.getAttribute('data-plots') === 'done'")
+        page = browser.open(path.resolve().as_uri(), wait_for=browser_cdp.PLOTS_DONE)
         assert page.errors == []
         rendered = page.evaluate("document.querySelectorAll('#plot-sessions .main-svg').length")
         traces = page.evaluate("document.querySelectorAll('#plot-sessions g.trace').length")
