@@ -125,7 +125,7 @@ def synthesize(run_dir: Path) -> dict:
         replicas = {"replica-0": (t0_ns + 50_000_000, 40_000)} if k == 0 else {}
         if k == int(REPLICA_1_S):
             replicas = {"replica-1": (t0_ns + int(REPLICA_1_S * 1e9), 400_000)}
-        collector.add(IntervalReport(k, histograms, clamped, counters, in_flight, replicas, [], None))
+        collector.add(IntervalReport(k, histograms, clamped, counters, in_flight, replicas, [], None, worker=0))
         for replica, first_ns, latency_us in collector.new_replicas:
             events.emit("replica_first_seen", at_ns=first_ns, replica=replica, latency_ms=latency_us / 1000)
         collector.new_replicas.clear()

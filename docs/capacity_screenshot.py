@@ -33,7 +33,9 @@ def screenshot(html_path: str | Path, png_path: str | Path, width: int = 1200, h
         raise RuntimeError("chromium not found: apt-get install chromium")
     png = Path(png_path)
     png.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="latscope-shot-") as tmp, Browser(Path(tmp), width=width) as browser:
+    # chromium's helper processes may still write its profile for a moment after the browser exits
+    with tempfile.TemporaryDirectory(prefix="latscope-shot-", ignore_cleanup_errors=True) as tmp, \
+            Browser(Path(tmp), width=width) as browser:
         page = browser.open(Path(html_path).resolve().as_uri(), wait_for=PLOTS_DONE)
         if page.errors:
             raise RuntimeError(f"{html_path}: JavaScript errors: {page.errors}")

@@ -136,14 +136,29 @@ def baseline_save(results_dir: Path, path: Path, metrics: tuple[str, ...]) -> No
               help="Address of the live metrics endpoint. Binding anything but loopback exposes the run's "
                    "data (rates, latencies, scenario name) to the network, without authentication.")
 @_gate_options
+@click.option("--distributed", is_flag=True,
+              help="Drive the run from Locust workers on other machines (`latscope worker`); this machine is the master.")
+@click.option("--expect-workers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="--distributed: start once this many workers have joined (later ones are refused).")
+@click.option("--bind", default="127.0.0.1:5557", show_default=True,
+              help="--distributed: the Locust master's HOST:PORT (0.0.0.0 to accept workers from other machines; port 0: any).")
+@click.option("--workers-wait", type=click.FloatRange(min=1), default=120.0, show_default=True,
+              help="--distributed: seconds to wait for the workers before giving up (exit 1).")
+@click.option("--on-node-loss", type=click.Choice(["abort", "continue"]), default="abort", show_default=True,
+              help="--distributed: a lost worker ends the run (partial results), or the run goes on without it (stamped invalid).")
+@click.option("--master-timeout", type=click.FloatRange(min=1), default=5.0, show_default=True,
+              help="--distributed: a worker that hears nothing from the master this long stops sending.")
+@click.option("--relay-fd", type=int, hidden=True)  # the coordinator, started by the Locust master's relay
 def run(scenario_file: Path, out: Path | None, overrides: tuple[str, ...], workers: int | None, quiet: bool,
         run_gate: bool, metrics_port: int | None, metrics_host: str, baseline: Path | None, slo_file: Path | None,
-        junit: Path | None, markdown: Path | None) -> None:
+        junit: Path | None, markdown: Path | None, distributed: bool, expect_workers: int, bind: str,
+        workers_wait: float, on_node_loss: str, master_timeout: float, relay_fd: int | None) -> None:
     """Run SCENARIO_FILE and write a results directory."""
     from latscope.interrupt import BEFORE_START, Interrupted, guarded
 
     console = Console() if sys.stdout.isatty() else Console(width=120)  # logs: no 80-column wrapping
     scenario = None
+    make_pool = None
     try:
         with guarded() as stop:  # the whole command, the imports too (latscope.interrupt)
             from latscope.console import ProgressDisplay, print_summary
@@ -151,9 +166,18 @@ def run(scenario_file: Path, out: Path | None, overrides: tuple[str, ...], worke
             from latscope.scenario import load_scenario
 
             scenario = load_scenario(scenario_file, overrides)
+            if distributed and relay_fd is None:
+                _exec_master(scenario_file, out, overrides, workers, expect_workers, bind, workers_wait, on_node_loss,
+                             master_timeout, sys.argv[2:])
+            if relay_fd is not None:
+                from latscope.distributed.launch import remote_pool
+
+                make_pool = remote_pool(relay_fd, scenario_file, overrides, expect=expect_workers,
+                                        on_node_loss=on_node_loss, master_timeout_s=master_timeout)
             with ProgressDisplay(console, enabled=not quiet) as display:
                 result = run_scenario(scenario, out=out, workers=workers, on_progress=display,
-                                      metrics_port=metrics_port, metrics_host=metrics_host, stop=stop)
+                                      metrics_port=metrics_port, metrics_host=metrics_host, stop=stop,
+                                      make_pool=make_pool)
     except Interrupted:  # a signal before the results directory: there is nothing to keep
         _fail(BEFORE_START, EXIT_RUN_ERROR)
     except ScenarioError as exc:
@@ -166,6 +190,60 @@ def run(scenario_file: Path, out: Path | None, overrides: tuple[str, ...], worke
     if run_gate:
         sys.exit(_run_gate(result.run_dir, baseline, slo_file, junit, markdown))  # a partial run gates as invalid (4)
     sys.exit(EXIT_RUN_ERROR if result.summary["partial"] else EXIT_OK)
+
+
+# `latscope run` options the Locust master's coordinator gets as they were given (--latscope-run-args)
+_COORDINATOR_OPTIONS = {"--quiet": 0, "--gate": 0, "--metrics-port": 1, "--metrics-host": 1, "--baseline": 1,
+                        "--slo": 1, "--junit": 1, "--markdown": 1}
+
+
+def _exec_master(scenario_file: Path, out: Path | None, overrides: tuple[str, ...], workers: int | None, expect: int,
+                 bind: str, workers_wait: float, on_node_loss: str, master_timeout: float, argv: list[str]) -> None:
+    """`run --distributed`: become the Locust master (distributed/launch.py); the scenario was checked."""
+    from latscope.distributed.launch import exec_locust, master_argv
+
+    if workers is not None:
+        raise click.UsageError("--workers is for a run on this machine; with --distributed each worker's "
+                               "engines are `latscope worker --engines N`")
+    passed, i = [], 0
+    while i < len(argv):
+        name = argv[i].split("=", 1)[0]
+        if name in _COORDINATOR_OPTIONS:
+            takes = _COORDINATOR_OPTIONS[name] if "=" not in argv[i] else 0
+            passed += argv[i:i + 1 + takes]
+            i += takes
+        i += 1
+    try:
+        exec_locust(master_argv(scenario_file.absolute(), expect=expect, bind=bind, on_node_loss=on_node_loss,
+                                workers_wait_s=workers_wait, master_timeout_s=master_timeout, overrides=overrides,
+                                out=out.absolute() if out else None, run_args=passed))
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+@main.command()
+@click.option("--master-host", required=True, help="The machine running `latscope run … --distributed`.")
+@click.option("--master-port", type=click.IntRange(1, 65535), default=5557, show_default=True)
+@click.option("--engines", type=click.IntRange(min=1), help="Engine processes on this machine (default: one per CPU core).")
+def worker(master_host: str, master_port: int, engines: int | None) -> None:
+    """Lend this machine to a distributed run: a Locust worker whose engines send its share of the plan.
+
+    Start it before or after the master; it waits for the master, takes part in one run and exits. It
+    stops sending when it hears nothing from the master for the master's --master-timeout."""
+    from latscope.distributed.launch import exec_locust, worker_argv
+
+    try:
+        exec_locust(worker_argv(master_host, master_port, engines))
+    except RunError as exc:
+        _fail(str(exc), EXIT_RUN_ERROR)
+
+
+@main.command()
+def locustfile() -> None:
+    """Print the path of latscope's locustfile, for plain `locust -f … --master/--worker`, compose or Kubernetes."""
+    from latscope.distributed.launch import locustfile_path
+
+    click.echo(str(locustfile_path()))
 
 
 class _DurationType(click.ParamType):

@@ -160,6 +160,8 @@ def print_summary(console: Console, summary: dict, run_dir: object) -> None:
         console.print(Text.assemble(Text("cold start" if event.get("cold") else "capacity change",
                                          "bold red" if event.get("cold") else "green"),
                                     f" {coldstart.title(event)}: {coldstart.describe(event)}"), highlight=False)
+    for line in machines_lines(summary.get("generator") or {}):
+        console.print(Text(line), highlight=False)
     stamp = summary["validity"]
     console.print(Text.assemble("measurement: ", Text(stamp.upper(), STYLE[stamp]),
                                 *(f"\n  - {reason}" for reason in summary["validity_reasons"])))
@@ -234,3 +236,17 @@ def print_capacity(console: Console, document: dict, out: object) -> None:
     if cost:
         console.print(f"cost: {cost_line(document)}", highlight=False, soft_wrap=True)
     console.print(f"results: {out}  (capacity.json, capacity.html, steps/)", highlight=False, soft_wrap=True)
+
+
+def machines_lines(generator: dict) -> list[str]:
+    """A distributed run's machines, a line each: host, engines, how it ended, requests, clock."""
+    dist = generator.get("distributed")
+    if not dist:
+        return []
+    out = [f"distributed: {dist['nodes']} machine(s), {dist['engines']} engine(s), Locust {dist['locust_version']}"]
+    for n in generator.get("nodes", []):
+        clock = n.get("clock") or {}
+        state = n["status"] + (f" at {n['lost_at_s']} s" if n.get("lost_at_s") is not None else "")
+        out.append(f"  node {n['node']} {n['host']}: {n['engines']} engine(s), {state}, {n['requests']['sent']:,} sent, "
+                   f"clock offset {clock.get('offset_ms', float('nan')):.3f} ± {clock.get('bound_ms', float('nan')):.3f} ms")
+    return out

@@ -90,6 +90,7 @@ class WorkerSpec:
     index: int
     workers: int
     scenario: Scenario
+    plan: Plan | None = None  # the run's plan when it was built elsewhere (a distributed run's master); None: build it
 
 
 class Engine:
@@ -522,7 +523,7 @@ def _run_loop(coro: Any) -> Any:
 
 async def _worker(spec: WorkerSpec, queue: Any, start_event: Any, t0_value: Any, stop_event: Any) -> None:
     scenario = spec.scenario
-    plan = build_plan(scenario)
+    plan = spec.plan if spec.plan is not None else build_plan(scenario)
     mine = plan.worker_slice(spec.index, spec.workers)
     cap = max(1, scenario.limits.max_in_flight // spec.workers)
     client = make_client(scenario)

@@ -163,3 +163,26 @@ def test_a_forbidden_arrow_is_caught(tmp_path):
     graph["latscope.scenario.schema"] = graph["latscope.scenario.schema"] | {"latscope.plan"}
     assert arrows(graph, READERS, MEASURING) == ["latscope.analysis.coldstart -> latscope.engine"]
     assert any("latscope.plan" in c and "latscope.scenario.schema" in c for c in cycles(graph))
+
+
+def external_imports(path: Path) -> set[str]:
+    """The top-level names of every package a file imports (internal ones too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_locust_and_gevent_live_in_one_module_which_imports_only_the_framing(graph):
+    """`import locust` patches the whole interpreter for gevent, under which no asyncio engine can run
+    (latscope/distributed/locustfile.py): only the locustfile imports it, and the locustfile imports
+    of latscope only what it relays with, so that nothing that measures is ever loaded beside gevent."""
+    users = {name for name, path in module_files().items() if external_imports(path) & {"locust", "gevent", "zmq"}}
+    assert users == {"latscope.distributed.locustfile"}
+    assert graph["latscope.distributed.locustfile"] <= {"latscope", "latscope.distributed.frames"}
+    # and only the command line reaches the distributed package from the rest of latscope
+    assert [e for e in arrows(graph, ("latscope",), ("latscope.distributed",))
+            if not e.startswith(("latscope.distributed", "latscope.cli "))] == []

@@ -1,4 +1,5 @@
-"""A results directory, loaded once for analysis: summary, events, time series, telemetry.
+"""A results directory, loaded once for analysis: summary, events, time series, telemetry, and the
+per-machine intervals of a distributed run (nodes.parquet).
 
 Histograms are not loaded here (a long run holds tens of thousands of intervals): the functions
 that need them read only the metrics they use, with `metric_intervals`, which streams
@@ -26,8 +27,12 @@ from latscope import results
 from latscope.errors import ResultsError
 from latscope.recorder import bucket_bounds, from_sparse, new_histogram
 from latscope.results.hlog import read_sparse
-from latscope.results.schema import TELEMETRY_COLUMNS
+from latscope.results.schema import NODE_COLUMNS, TELEMETRY_COLUMNS
 
+
+# nodes.parquet's columns that are not float64, for the empty frame of a run on one machine
+_NODE_TYPES = {"node": "int64", "host": object, "status": object, "sent": "int64", "completed": "int64",
+               "errors": "int64", "in_flight": "int64"}
 
 _LAYOUT = new_histogram()  # our histograms' layout, and a helper for index -> value lookups
 _COUNTS_LEN = _LAYOUT.counts_len
@@ -104,6 +109,8 @@ class RunData:
     events: list[dict]
     timeseries: pd.DataFrame  # timeseries.parquet as written (interval_start_s is on the run's clock)
     telemetry: pd.DataFrame  # telemetry.parquet, TELEMETRY_COLUMNS; empty (same columns) when the run has none
+    # nodes.parquet, NODE_COLUMNS; empty (same columns) for a run on one machine
+    nodes: pd.DataFrame = field(default_factory=lambda: _empty_nodes())
     _intervals: dict = field(default_factory=dict, repr=False, compare=False)  # metric -> {class: ClassIntervals}
 
     @property
@@ -140,16 +147,16 @@ class RunData:
 def load_run(path: str | Path, summary: dict | None = None) -> RunData:
     """Everything but the histograms of the results directory at `path`. ResultsError (a
     LatscopeError) naming the directory and the file when it is not a results directory or a file
-    is unreadable; a missing optional file (timeseries.parquet, telemetry.parquet, events.jsonl)
-    gives an empty one. `summary`: the run's summary when summary.json is not written yet (a run
-    analyses its own cold starts before writing it)."""
+    is unreadable; a missing optional file (timeseries.parquet, telemetry.parquet, events.jsonl,
+    nodes.parquet) gives an empty one. `summary`: the run's summary when summary.json is not written
+    yet (a run analyses its own cold starts before writing it)."""
     path = Path(path)
     if not path.is_dir():
         raise ResultsError(f"{path}: not a results directory (no such directory)")
     if summary is None:
         summary = _summary(path / results.SUMMARY)
     return RunData(path, summary, _events(path / results.EVENTS), _timeseries(path / results.TIMESERIES),
-                   _telemetry(path / results.TELEMETRY))
+                   _telemetry(path / results.TELEMETRY), _nodes(path / results.NODES))
 
 
 def _summary(path: Path) -> dict:
@@ -194,6 +201,22 @@ def _telemetry(path: Path) -> pd.DataFrame:
         return pd.DataFrame({c: pd.Series(dtype=float if c in ("t_s", "value") else object) for c in TELEMETRY_COLUMNS})
     frame = _parquet(path)
     missing = [c for c in TELEMETRY_COLUMNS if c not in frame.columns]
+    if missing:
+        raise ResultsError(f"{path}: missing columns {', '.join(missing)}")
+    return frame
+
+
+def _empty_nodes() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=_NODE_TYPES.get(c, float)) for c in NODE_COLUMNS})
+
+
+def _nodes(path: Path) -> pd.DataFrame:
+    """nodes.parquet: only a distributed run writes it (a run on one machine, and every run written
+    before distributed runs existed, has none)."""
+    if not path.exists():
+        return _empty_nodes()
+    frame = _parquet(path)
+    missing = [c for c in NODE_COLUMNS if c not in frame.columns]
     if missing:
         raise ResultsError(f"{path}: missing columns {', '.join(missing)}")
     return frame

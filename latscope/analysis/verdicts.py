@@ -22,9 +22,13 @@ def _p99(metrics: dict, metric: str) -> float | None:
     return metrics.get(metric, {}).get("all", {}).get("p99_ms")
 
 
-def validity(metrics: dict, requests: dict, thresholds: Any, max_in_flight: int) -> tuple[str, list[str]]:
+def validity(metrics: dict, requests: dict, thresholds: Any, max_in_flight: int,
+             nodes: list[dict] | None = None) -> tuple[str, list[str]]:
     """(stamp, reasons) from the summary's metrics and request counts and the scenario's
-    `validity` thresholds. Reasons explain every stamp other than `valid`."""
+    `validity` thresholds. Reasons explain every stamp other than `valid`. A distributed run's
+    `nodes` (summary.json generator.nodes) add each machine's verdict: its clock error (the offset's
+    bound plus its drift over the run: an unmeasured send lag of its whole share) against the send-lag
+    thresholds, and a node lost or failed mid-run (its share was not sent) as invalid."""
     verdict, reasons = "valid", []
 
     def flag(stamp: str, reason: str) -> None:
@@ -52,7 +56,27 @@ def validity(metrics: dict, requests: dict, thresholds: Any, max_in_flight: int)
         flag("degraded", f"{requests['late']} requests waited for a free slot (limits.max_in_flight={max_in_flight})")
     if requests.get("dropped"):
         flag("degraded", f"{requests['dropped']} requests dropped at the in-flight cap (limits.max_in_flight={max_in_flight})")
+    for node in nodes or ():
+        for stamp, why in node_validity(node, thresholds):
+            flag(stamp, why)
     return verdict, reasons
+
+
+def node_validity(node: dict, thresholds: Any) -> list[tuple[str, str]]:
+    """[(stamp, reason)] of one machine of a distributed run (summary.json generator.nodes[i])."""
+    name = f"node {node['node']} ({node['host']})"
+    out = []
+    if node["status"] != "ok":
+        out.append(("invalid", f"{name} {node['status']}" + (f" at {node['lost_at_s']} s" if node.get("lost_at_s") is not None
+                                                             else "") + ": its share of the schedule was not sent"))
+    clock = node.get("clock")
+    if clock:
+        error = clock["max_error_ms"]
+        if error > thresholds.invalid_send_lag_p99_ms:
+            out.append(("invalid", f"{name}: clock error up to {error:.3f} ms > {thresholds.invalid_send_lag_p99_ms:g} ms"))
+        elif error > thresholds.degraded_send_lag_p99_ms:
+            out.append(("degraded", f"{name}: clock error up to {error:.3f} ms > {thresholds.degraded_send_lag_p99_ms:g} ms"))
+    return out
 
 
 def error_rate(requests: dict) -> float | None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -370,9 +371,11 @@ def _has_intervals(df: pd.DataFrame | None) -> bool:
 def generator_panel(send_lag: pd.DataFrame | None, loop_lag: pd.DataFrame | None, summary: dict,
                     telemetry: pd.DataFrame | None = None, base_send_lag: pd.DataFrame | None = None,
                     base_loop_lag: pd.DataFrame | None = None, base_summary: dict | None = None,
-                    base_telemetry: pd.DataFrame | None = None) -> Panel:
+                    base_telemetry: pd.DataFrame | None = None, extra: Sequence[tuple[str, go.Scatter]] = ()) -> Panel:
     """The load generator's own health: did requests leave on time, and were its processes short of CPU?
-    With base_summary, the base run's lags and CPU are drawn too (dashed) and both runs' validity stamps lead."""
+    With base_summary, the base run's lags and CPU are drawn too (dashed) and both runs' validity stamps lead.
+    `extra`: more traces, each with the row it belongs to ("lag" or "cpu"): a distributed run's lines per
+    machine (report/nodes_panel.py), drawn after the run's own."""
     compare = base_summary is not None
     panel = Panel("generator", "Generator health: send lag, event-loop lag, CPU" + (": base (dashed) vs new (solid)" if compare else ""))
     panel.lead = (_validity_lead(base_summary, "<b>base</b> ") + _validity_lead(summary, "<b>new</b> ") if compare
@@ -380,8 +383,9 @@ def generator_panel(send_lag: pd.DataFrame | None, loop_lag: pd.DataFrame | None
     sides = [(lags, cpu, s, dash, suffix) for (lags, cpu, s), dash, suffix in _sides(
         ((send_lag, loop_lag), _host_cpu(telemetry), summary), ((base_send_lag, base_loop_lag), _host_cpu(base_telemetry), base_summary),
         compare)]
-    have_lag = any(_has_intervals(df) for lags, *_ in sides for df in lags)
-    have_cpu = any(not cpu.empty for _, cpu, *_ in sides)
+    have_lag = any(_has_intervals(df) for lags, *_ in sides for df in lags) or any(row == "lag" for row, _ in extra)
+    host_cpu = any(not cpu.empty for _, cpu, *_ in sides)
+    have_cpu = host_cpu or any(row == "cpu" for row, _ in extra)
     if not have_lag and not have_cpu:
         panel.note = "The run recorded no send or loop lag." if not compare else "Neither run recorded send or loop lag."
         return panel
@@ -408,6 +412,8 @@ def generator_panel(send_lag: pd.DataFrame | None, loop_lag: pd.DataFrame | None
             fig.add_trace(go.Scatter(x=f32(df["t_s"]), y=f32(df["value"]), name=name, mode="lines",
                                      line=dict(color=cpu_colors[device], width=1.2, dash=dash), hovertemplate=f"{name} %{{y:.0f}}%"),
                           row=rows, col=1)
+    for row, trace in extra:
+        fig.add_trace(trace, row=1 if row == "lag" else rows, col=1)
     if have_lag:
         fig.update_yaxes(title_text="lag per interval (ms)", rangemode="tozero", row=1, col=1)
     if have_cpu:
@@ -419,7 +425,7 @@ def generator_panel(send_lag: pd.DataFrame | None, loop_lag: pd.DataFrame | None
     panel.note = ("Send lag = actual send − intended send time of each request; event-loop lag = how late the generator's "
                   "own timer fired. Both should stay near zero." + (
                       " CPU: latscope's own processes and the whole machine (a worker near 100% of one core cannot keep to the schedule)."
-                      if have_cpu else "")
+                      if host_cpu else "")
                   + (" Each run on its own clock; phase bands are the new run's. The interval maxima are hidden "
                      "(click them in the legend to show them)." if compare else ""))
     return panel

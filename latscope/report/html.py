@@ -28,6 +28,7 @@ from latscope import __version__
 from latscope.analysis.run_data import RunData
 from latscope.report.escape import esc_html
 from latscope.report.figures import Panel
+from latscope.report.nodes_panel import distributed_text
 from latscope.report.panels import PANELS
 from latscope.report.sessions_panel import closed_loop_lead
 from latscope.report.words import fmt_ms, goodput_sentence, objectives_text, slo_value_text
@@ -173,7 +174,8 @@ def metadata_table(run: RunData) -> str:
                                              target.get("path", "")) if x)),
         ("model", target.get("model")),
         ("stopped early", s.get("abort_reason") if s.get("partial") else None),
-        ("generator", f"{gen.get('workers', '?')} worker process(es), {gen.get('interval_s', '?')} s intervals"),
+        ("generator", f"{distributed_text(gen) or str(gen.get('workers', '?')) + ' worker process(es)'}, "
+                      f"{gen.get('interval_s', '?')} s intervals"),
         ("values clamped to the histogram range", ", ".join(f"{k}: {v}" for k, v in (gen.get("clamped_values") or {}).items()) or None),
         ("latscope", env.get("latscope")), ("python", env.get("python")), ("platform", env.get("platform")),
         ("host", f"{env.get('host', '?')} ({env.get('cpus', '?')} CPUs)"),
@@ -217,6 +219,7 @@ tr.good td:first-child{color:#18794e;font-weight:600}tr.bad td:first-child{color
 td.worse{color:#c62828}td.better{color:#18794e}
 tr.group th{background:#f3f4f6;font-weight:600;padding-top:8px}
 table.deltas td:first-child,td.delta{white-space:nowrap}
+table.nodes td.n,table.nodes td.host{white-space:nowrap}table.nodes td.status{overflow-wrap:anywhere;min-width:12em}
 .run{margin:3px 0}.run b{display:inline-block;width:3em}
 .warning{background:#fff4e5;border:1px solid #e5b567;border-radius:4px;padding:6px 10px;color:#6b4300}
 h3{font-size:14px;margin:10px 0 4px}
@@ -317,7 +320,8 @@ def report_html(run: RunData, cdn: bool = False) -> str:
               f"<div class=\"headline{' partial' if s.get('partial') else ''}\">{esc_html(line)}</div>"
               f"<p class=\"badges\"><span class=\"stamp {esc_html(stamp)}\">measurement {esc_html(stamp)}</span>"
               f"<span>{s.get('duration_s', 0):,.1f} s run, {s.get('requests', {}).get('completed', 0):,} requests completed "
-              f"outside warm-up</span></p>" + closed_loop_lead(s.get("load") or {}))
+              f"outside warm-up</span>" + (f"<span>{esc_html(machines)}</span>" if (machines := distributed_text(
+                  s.get("generator") or {})) else "") + "</p>" + closed_loop_lead(s.get("load") or {}))
     summary_sections = [
         "<div class=\"grid\">"
         f"<section id=\"slos\"><h2>SLOs</h2>{slo_table(s)}</section>"

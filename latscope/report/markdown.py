@@ -11,6 +11,7 @@ import re
 
 from latscope.analysis import coldstart
 from latscope.report.html import PERCENTILE_COLUMNS, TABLE_METRICS, headline
+from latscope.report.nodes_panel import distributed_text, lost_texts
 from latscope.report.words import fmt_ms, goodput_sentence, objectives_text, slo_value_text
 from latscope.results.schema import metric_label
 
@@ -41,6 +42,9 @@ def summary_markdown(summary: dict, report_name: str | None = "report.html") -> 
     lines += ["", f"Throughput: offered {t.get('offered_rps', 0):,.1f} req/s, achieved {t.get('achieved_rps', 0):,.1f} req/s "
               f"over {t.get('measured_window_s', 0):,.1f} s; {r.get('sent', 0):,} sent, {r.get('completed', 0):,} completed, "
               f"{r.get('errors', 0):,} errors, {r.get('dropped', 0):,} dropped."]
+    machines = distributed_text(s.get("generator", {}))
+    if machines:
+        lines += ["", f"Generator: {md(machines)}" + "".join(f"; ⚠️ {md(lost)}" for lost in lost_texts(s["generator"])) + "."]
     slos = s.get("slo") or []
     if slos:
         lines += ["", *_table(["SLO", "metric", "class", "stat", "measured", "limit"], [

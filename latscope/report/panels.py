@@ -22,6 +22,7 @@ from latscope.analysis.run_data import RunData
 from latscope.report import figures
 from latscope.report.coldstart_panel import coldstart_panel as draw_coldstart
 from latscope.report.figures import Panel
+from latscope.report.nodes_panel import add_nodes, node_traces
 from latscope.report.sessions_panel import sessions_panel as draw_sessions
 
 
@@ -142,12 +143,17 @@ def serialization_panel(run: RunData, base: RunData | None = None) -> Panel:
 
 
 def generator_panel(run: RunData, base: RunData | None = None) -> Panel:
+    """The run-wide lags and CPU (figures.generator_panel) plus, for a distributed run, each machine's
+    lines and table (nodes_panel); a run on one machine gets nothing more."""
     send, loop = generator_lags(run)
     if base is None:
-        return figures.generator_panel(send, loop, run.summary, run.telemetry)
+        panel = figures.generator_panel(send, loop, run.summary, run.telemetry, extra=node_traces(run.nodes, run.summary))
+        return add_nodes(panel, [(run.nodes, run.summary, "")])
     base_send, base_loop = generator_lags(base)
-    return figures.generator_panel(send, loop, run.summary, run.telemetry, base_send_lag=base_send, base_loop_lag=base_loop,
-                                   base_summary=base.summary, base_telemetry=base.telemetry)
+    extra = node_traces(base.nodes, base.summary, "dash", " (base)") + node_traces(run.nodes, run.summary, None, " (new)")
+    panel = figures.generator_panel(send, loop, run.summary, run.telemetry, base_send_lag=base_send, base_loop_lag=base_loop,
+                                    base_summary=base.summary, base_telemetry=base.telemetry, extra=extra)
+    return add_nodes(panel, [(base.nodes, base.summary, "base"), (run.nodes, run.summary, "new")])
 
 
 def sessions_panel(run: RunData, base: RunData | None = None) -> Panel:

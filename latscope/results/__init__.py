@@ -8,6 +8,7 @@
       telemetry.parquet   one row per sample: t_s (run clock), source, device, metric, value (latscope/telemetry/)
       events.jsonl        run start/end, phases, target launch and readiness, actions, aborts (events.py)
       schedule.parquet    the realized schedule: intended offset, phase, class of every planned request
+      nodes.parquet       a distributed run's machines, one row per interval per node (NODE_COLUMNS)
       target.log          output of a target the scenario launched
       report.html, summary.md   the report (latscope/report/), when written
 
@@ -30,10 +31,10 @@ import pyarrow.parquet as pq
 
 from latscope.errors import ScenarioError
 from latscope.results.events import EventLog, read_events
-from latscope.results.schema import (EVENTS, HLOG, REPORT, SCENARIO, SCHEDULE, SCHEMA_VERSION, SUMMARY, SUMMARY_MD,
-                                     TARGET_LOG, TELEMETRY, TIMESERIES)
+from latscope.results.schema import (EVENTS, HLOG, NODES, REPORT, SCENARIO, SCHEDULE, SCHEMA_VERSION, SUMMARY,
+                                     SUMMARY_MD, TARGET_LOG, TELEMETRY, TIMESERIES)
 
-__all__ = ["EVENTS", "HLOG", "REPORT", "SCENARIO", "SCHEDULE", "SCHEMA_VERSION", "SUMMARY", "SUMMARY_MD", "TARGET_LOG",
+__all__ = ["EVENTS", "HLOG", "NODES", "REPORT", "SCENARIO", "SCHEDULE", "SCHEMA_VERSION", "SUMMARY", "SUMMARY_MD", "TARGET_LOG",
            "TELEMETRY", "TIMESERIES", "EventLog", "create_run_dir", "read_events", "save_baseline", "utc_stamp",
            "write_json", "write_rows", "write_table", "write_text"]
 

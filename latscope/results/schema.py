@@ -24,6 +24,7 @@ TIMESERIES = "timeseries.parquet"  # one row per interval × metric × class (TI
 TELEMETRY = "telemetry.parquet"  # one row per sample (TELEMETRY_COLUMNS)
 EVENTS = "events.jsonl"  # one JSON object a line (EVENT_TYPES below)
 SCHEDULE = "schedule.parquet"  # the realized schedule: one row per planned request (SCHEDULE_COLUMNS)
+NODES = "nodes.parquet"  # a distributed run's machines' health: one row per interval per node (NODE_COLUMNS)
 TARGET_LOG = "target.log"  # output of a target the scenario launched
 REPORT = "report.html"  # written by `latscope run` and `latscope report`
 SUMMARY_MD = "summary.md"  # the report's Markdown summary
@@ -91,6 +92,11 @@ TELEMETRY_COLUMNS = ("t_s", "source", "device", "metric", "value")
 # A session's later turns follow its rows (intended_s NaN: each is due its think_s after the answer
 # before it), so a request's `seq` (its X-Request-Id) is its row; a closed-loop phase plans no requests.
 SCHEDULE_COLUMNS = ("intended_s", "phase", "class", "prompt_tokens", "output_tokens", "session", "turn", "think_s")
+# A distributed run's node (one load machine) per interval, all classes: what it sent and completed,
+# its own send-lag and loop-lag p99 (NaN: none recorded), its engines' CPU (% of one core, summed) and
+# its clock's offset from the coordinator's (ms). summary.json generator.nodes has the whole-run view.
+NODE_COLUMNS = ("interval_start_s", "node", "host", "status", "sent", "completed", "errors", "in_flight",
+                "send_lag_p99_ms", "loop_lag_p99_ms", "cpu_pct", "clock_offset_ms")
 
 # -- metrics (histograms.hlog tags, summary.json "metrics", timeseries.parquet "metric") -----------
 
@@ -226,7 +232,7 @@ class Event:
 
 EVENT_TYPES: dict[str, Event] = {
     "run_start": Event(("planned_requests", "workers"), "run/orchestrator.py",
-                       "every worker is ready; t = 0 is START_DELAY_S later"),
+                       "every worker is ready; t = 0 is the pool's start delay later (0.2 s on one machine)"),
     "phase_start": Event(("phase", "planned_at_s", "warmup"), "run/orchestrator.py",
                          "the run's clock passed a phase's planned start"),
     "target_launch": Event((), "run/orchestrator.py, run/actions.py",
@@ -262,6 +268,19 @@ EVENT_TYPES: dict[str, Event] = {
                                  "requests sent but counted neither completed, nor an error, nor cancelled (a latscope "
                                  "bug: summary.json requests.unaccounted says how many)"),
     "run_end": Event(("partial", "validity"), "run/summary.py", "the results are written; the last event"),
+    # A distributed run (latscope/distributed/remote.py): its machines, each a `node`
+    "node_joined": Event(("node", "host", "engines", "latscope", "locust"), "distributed/remote.py",
+                         "a Locust worker is one of the run's machines (the roster is frozen at the start)"),
+    "node_rejected": Event(("host", "reason"), "distributed/remote.py",
+                           "a Locust worker was refused: it joined late, or runs another latscope or wire version"),
+    "node_ready": Event(("node", "offset_ms", "bound_ms", "rtt_min_ms"), "distributed/remote.py",
+                        "a node's engines are ready and its clock is measured (its offset from the coordinator's, "
+                        "within ± bound)"),
+    "node_started": Event(("node", "late_ms"), "distributed/remote.py",
+                          "a node got its start (late_ms: how long after it was sent it arrived, on the node's clock)"),
+    "node_lost": Event(("node", "host", "reason"), "distributed/remote.py",
+                       "a node was lost mid-run (Locust stopped hearing its heartbeat, or it left)"),
+    "node_failed": Event(("node", "host", "error"), "distributed/remote.py", "a node reported a failure"),
 }
 
 # -- a capacity search's directory (`latscope capacity`) ---------------------------------------------

@@ -48,6 +48,7 @@ def with_all(by_class: dict[str, HdrHistogram]) -> dict[str, HdrHistogram]:
 class Collector:
     def __init__(self, workers: int, plan: Plan, interval_s: float, hlog: HlogWriter | None):
         self.workers = workers
+        self.live = set(range(workers))  # the senders whose reports complete an interval (drop() removes one)
         self.plan = plan
         self.interval_s = interval_s
         self.hlog = hlog
@@ -82,7 +83,18 @@ class Collector:
     def add(self, report: IntervalReport) -> None:
         """One worker's report for one interval."""
         self._pending[report.interval].append(report)
-        while len(self._pending.get(self.completed_intervals, ())) >= self.workers:
+        self._complete_ready()
+
+    def drop(self, sender: int) -> None:
+        """Stop waiting for `sender` (a distributed run's lost machine, with on_node_loss continue):
+        the intervals it has reported keep its reports, later ones complete without it."""
+        self.live.discard(sender)
+        self._complete_ready()
+
+    def _complete_ready(self) -> None:
+        while self.live <= {r.worker for r in self._pending.get(self.completed_intervals, ())}:
+            if self.completed_intervals not in self._pending and not self.live:
+                return
             self._complete(self.completed_intervals)
 
     def finish(self) -> None:

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
-import multiprocessing as mp
 import os
-import queue as queue_module
 import sys
 import threading
 import time
@@ -31,9 +29,8 @@ from typing import Callable
 
 
 from latscope import results
-from latscope.engine import WorkerSpec, worker_main
 from latscope.errors import RunError
-from latscope.interrupt import Interrupted, StopRequest, blocked
+from latscope.interrupt import Interrupted, StopRequest
 from latscope.plan import Plan, after_idle, build_plan, schedule_table
 from latscope.records import IntervalReport, WorkerDone, WorkerFailed, WorkerMessage, WorkerReady
 from latscope.results.hlog import HlogWriter
@@ -43,13 +40,13 @@ from latscope.run.collector import Collector
 from latscope.run.launch import LaunchedTarget, core_split, cores_for_latscope, scrub_log, start_target, stop_target
 from latscope.run.live import LiveMetrics, start_live_metrics
 from latscope.run.parts import RunPart
+from latscope.run.pool import LocalPool, Pool
 from latscope.run.summary import RunFacts, write_results
 from latscope.scenario import Scenario, redacted_yaml, scrub, secret_values
-from latscope.telemetry.session import TelemetrySession, worker_processes
+from latscope.telemetry.session import TelemetrySession
 from latscope.workload import Payloads
 
-START_DELAY_S = 0.2  # between "all workers ready" and the first intended send
-READY_TIMEOUT_S = 60.0
+READY_TIMEOUT_S = 60.0  # for local workers to start (a remote pool waits as long as it is told to)
 STOP_GRACE_S = 10.0  # how long stopped workers get to report what they measured
 HURRY_GRACE_S = 1.0  # ... after a second Ctrl-C (a stopped worker drains for 0.5 s, engine.Engine._drain)
 # Events the live progress display shows as they happen.
@@ -91,21 +88,23 @@ def run_scenario(
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
     stop: StopRequest | None = None,
+    make_pool: Callable[[Scenario, Plan, results.EventLog], Pool] | None = None,
 ) -> RunResult:
     """Run `scenario` and write its results directory. Raises RunError when the run could not
     start; a run that started always leaves a results directory (partial when cut short).
     `metrics_port` (0: a free one) serves live Prometheus metrics on metrics_host during the run (live.py).
     SIGINT and SIGTERM go to `stop` (default: a new one) for the whole call: one before the results
     directory exists raises Interrupted (a KeyboardInterrupt; nothing written), one after it stops
-    the run in order (latscope.interrupt)."""
+    the run in order (latscope.interrupt). `make_pool` gives the run's senders (run/pool.py; a
+    distributed run's coordinator passes its remote pool); default: `workers` local processes."""
     stop = stop or StopRequest()
     with stop.handling():
-        return _run_scenario(scenario, out, workers, on_progress, metrics_port, metrics_host, stop)
+        return _run_scenario(scenario, out, workers, on_progress, metrics_port, metrics_host, stop, make_pool)
 
 
 def _run_scenario(scenario: Scenario, out: str | Path | None, workers: int | None,
                   on_progress: Callable[[Progress], None] | None, metrics_port: int | None, metrics_host: str,
-                  stop: StopRequest) -> RunResult:
+                  stop: StopRequest, make_pool: Callable[[Scenario, Plan, results.EventLog], Pool] | None) -> RunResult:
     split = core_split(scenario.target.launch)  # a launched target's own cores, latscope's the rest
     workers = max(1, workers or (len(split[0]) if split else os.cpu_count() or 1))
     started_wall = time.time()
@@ -121,7 +120,8 @@ def _run_scenario(scenario: Scenario, out: str | Path | None, workers: int | Non
         events = results.EventLog(run_dir / results.EVENTS)
         if scenario.output.save_schedule:
             _write_schedule(run_dir, plan)
-        run = _Run(scenario, plan, workers, run_dir, events, on_progress)
+        pool = make_pool(scenario, plan, events) if make_pool else LocalPool(scenario, workers)
+        run = _Run(scenario, plan, pool, run_dir, events, on_progress)
         run.target_cores = split[1] if split else None
         if live is not None:
             live.set_run_dir(str(run_dir))
@@ -179,9 +179,9 @@ def _write_report(run_dir: Path, stop: StopRequest) -> None:
 
 
 class _Run:
-    def __init__(self, scenario: Scenario, plan: Plan, workers: int, run_dir: Path, events: results.EventLog,
+    def __init__(self, scenario: Scenario, plan: Plan, pool: Pool, run_dir: Path, events: results.EventLog,
                  on_progress: Callable[[Progress], None] | None):
-        self.scenario, self.plan, self.workers, self.run_dir = scenario, plan, workers, run_dir
+        self.scenario, self.plan, self.pool, self.run_dir = scenario, plan, pool, run_dir
         self.events = events
         self.on_progress = on_progress
         self.parts: list[RunPart] = []  # hooked in at the run's moments (parts.py), in this order
@@ -195,11 +195,9 @@ class _Run:
         self.t0_wall: float | None = None
         self.end_ns: int | None = None
         self.abort_ns: int | None = None
-        self.done: dict[int, WorkerDone | None] = {}  # worker -> its last message (None: it died or failed)
-        self.processes: list = []
+        self.done: dict[int, WorkerDone | None] = {}  # sender -> its last message (None: it died or failed)
+        self.started = False  # the pool was started: close() stops it
         self.stop: StopRequest | None = None  # SIGINT/SIGTERM (execute's); its `hurry` shortens the teardown
-        self._stop_event = None  # the workers' (multiprocessing), once they are started
-        self._shared: tuple = ()  # what the workers unpickle at start-up: kept alive until they are gone
         self._hlog_file = open(run_dir / f".{results.HLOG}.tmp", "w")
         self.created_wall = time.time()  # the empty log's StartTime when the run never reaches t = 0
         self.collector: Collector | None = None
@@ -227,8 +225,9 @@ class _Run:
         scenario = self.scenario
         self.stop = stop
         self.telemetry = TelemetrySession.from_config(scenario.telemetry, self.events, scenario.output.interval,
-                                                      processes=lambda: worker_processes(self.processes))
+                                                      processes=lambda: {"parent": os.getpid(), **self.pool.pids()})
         self.parts.insert(0, self.telemetry)
+        self.parts.extend(self.pool.parts())  # a remote pool's: its machines' health (nodes.parquet)
         if stop.reason:  # it came while the directory was made: nothing to launch, start or wait for
             self._abort(stop.reason)
             return
@@ -241,13 +240,14 @@ class _Run:
                 cores=self.target_cores,
             )
             self.launched = (self.target.started_ns, self.target.ready_ns)  # a restart action replaces self.target
-        queue, start_event, t0_value = self._start_workers()
-        if not self._wait_ready(queue, stop):
+        self.started = True
+        self.pool.start()
+        if not self._wait_ready(stop):
             return
 
-        self.t0_ns = time.perf_counter_ns() + int(START_DELAY_S * 1e9)
-        self.t0_wall = time.time() + START_DELAY_S
-        t0_value.value = self.t0_ns
+        delay = self.pool.start_delay_s
+        self.t0_ns = time.perf_counter_ns() + int(delay * 1e9)
+        self.t0_wall = time.time() + delay
         self.events.t0_ns = self.t0_ns
         self._log_launch()  # now on the run's clock: before t = 0
         if scenario.actions:
@@ -257,47 +257,27 @@ class _Run:
         for part in self.parts:
             part.start(self.t0_ns)
         self.collector = Collector(
-            self.workers, self.plan, scenario.output.interval, HlogWriter(self._hlog_file, self.t0_wall)
+            self.pool.senders, self.plan, scenario.output.interval, HlogWriter(self._hlog_file, self.t0_wall)
         )
-        start_event.set()
-        self.events.emit("run_start", planned_requests=len(self.plan), workers=self.workers)
-        self._collect(queue, stop)
+        self.pool.go(self.t0_ns)
+        self.events.emit("run_start", planned_requests=len(self.plan), workers=self.pool.engines)
+        self._collect(stop)
         self.end_ns = time.perf_counter_ns()
 
-    def _start_workers(self) -> tuple:
-        """Spawn the workers; (queue, start event, t0 value). The shared objects are kept on self for
-        as long as the workers may live: a worker still starting when the run is stopped unpickles
-        them, and one the parent has let go of is gone (a FileNotFoundError in the worker). Workers
-        start with SIGINT and SIGTERM blocked (interrupt.blocked) until worker_main has its handlers."""
-        ctx = mp.get_context("spawn")
-        queue = ctx.Queue()
-        start_event, self._stop_event = ctx.Event(), ctx.Event()
-        t0_value = ctx.Value("q", 0)
-        self._shared = (queue, start_event, t0_value)
-        with blocked():
-            for index in range(self.workers):
-                process = ctx.Process(
-                    target=worker_main,
-                    args=(WorkerSpec(index, self.workers, self.scenario), queue, start_event, t0_value, self._stop_event),
-                    name=f"latscope-worker-{index}",
-                    daemon=True,
-                )
-                process.start()
-                self.processes.append(process)
-        return self._shared
-
-    def _wait_ready(self, queue, stop: StopRequest) -> bool:
-        """True once every worker is ready; False when the user stopped the run first."""
-        ready, deadline = set(), time.monotonic() + READY_TIMEOUT_S
-        while len(ready) < self.workers:
+    def _wait_ready(self, stop: StopRequest) -> bool:
+        """True once every sender is ready; False when the user stopped the run first. A remote
+        pool waits for its machines itself (its own deadline), so it gets no deadline here."""
+        ready = set()
+        deadline = time.monotonic() + READY_TIMEOUT_S if isinstance(self.pool, LocalPool) else math.inf
+        while len(ready) < self.pool.senders:
             if stop.reason:
                 self._abort(stop.reason)
                 return False
-            try:
-                message = queue.get(timeout=0.1)
-            except queue_module.Empty:
-                if time.monotonic() > deadline or any(p.exitcode is not None for p in self.processes):
-                    raise RunError("workers did not start; " + self._dead_workers()) from None
+            message = self.pool.get(timeout=0.1)
+            if message is None:
+                dead = self.pool.lost()
+                if dead or time.monotonic() > deadline:
+                    raise RunError("workers did not start; " + (", ".join(why for _, why in dead) or "timed out waiting for them"))
                 continue
             if isinstance(message, WorkerFailed):
                 raise RunError(f"worker {message.worker} failed to start:\n{message.error}")
@@ -305,15 +285,11 @@ class _Run:
                 ready.add(message.worker)
         return True
 
-    def _dead_workers(self) -> str:
-        dead = [f"worker {i} exited with code {p.exitcode}" for i, p in enumerate(self.processes) if p.exitcode is not None]
-        return ", ".join(dead) or "timed out waiting for them"
-
-    def _collect(self, queue, stop: StopRequest) -> None:
+    def _collect(self, stop: StopRequest) -> None:
         hard_deadline = time.monotonic() + self.plan.duration_s + self.scenario.target.timeout + 30.0
         grace_deadline = None
         next_phase = 0
-        while len(self.done) < self.workers:
+        while len(self.done) < self.pool.senders:
             now = time.monotonic()
             if self.abort_reason is None:
                 reason = stop.reason or self._target_gone()
@@ -333,17 +309,24 @@ class _Run:
                 phase = self.plan.phases[next_phase]
                 self.events.emit("phase_start", phase=phase.name, planned_at_s=phase.start_s, warmup=phase.warmup)
                 next_phase += 1
-            try:
-                message = queue.get(timeout=0.1)
-            except queue_module.Empty:
-                for i, p in enumerate(self.processes):
-                    if p.exitcode is not None and i not in self.done:
-                        self.failure = f"worker {i} exited unexpectedly with code {p.exitcode}"
-                        self._abort(self.failure)
+            message = self.pool.get(timeout=0.1)
+            if message is None:
+                for i, why in self.pool.lost():
+                    if i not in self.done:
+                        self._sender_lost(i, why)
                         grace_deadline = grace_deadline or now + STOP_GRACE_S
-                        self.done[i] = None
                 continue
             self._handle(message)
+
+    def _sender_lost(self, i: int, why: str) -> None:
+        """A sender gone without its WorkerDone: the run aborts, unless the pool may go on without it
+        (a distributed run's `--on-node-loss continue`: the collector stops waiting for it)."""
+        self.done[i] = None
+        if self.pool.continue_without(i):
+            self.collector.drop(i)
+            return
+        self.failure = why
+        self._abort(why)
 
     def _handle(self, message: WorkerMessage) -> None:
         if isinstance(message, IntervalReport):
@@ -401,8 +384,8 @@ class _Run:
             self.abort_reason = reason
             self.abort_ns = time.perf_counter_ns()
             self.events.emit("abort", reason=reason)
-        if self._stop_event is not None:
-            self._stop_event.set()
+        if self.started:
+            self.pool.stop()
 
     def _target_gone(self) -> str | None:
         # A restart action stops the target on purpose; its lock keeps one from starting between the
@@ -451,16 +434,8 @@ class _Run:
         self._log_launch()  # when the run ended before t = 0
         for part in self.parts:
             part.stop(self.abort_reason)
-        if self.processes:
-            self._stop_event.set()
-        # Workers stopped before t = 0 have nothing to report, and after a second signal nobody waits
-        # for them: a short grace, then they are killed (no traceback: SIGKILL).
-        hurry = self.t0_ns is None or (self.stop is not None and self.stop.hurry)
-        for p in self.processes:
-            p.join(timeout=0.5 if hurry else 5.0)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        if self.started:
+            self.pool.close(hurry=self.t0_ns is None or (self.stop is not None and self.stop.hurry))
         if self.target is not None:
             stop_target(self.target)
             self.events.emit("target_stopped", exit_code=self.target.exit_code())
@@ -484,9 +459,10 @@ class _Run:
                 bucket = examples.setdefault(kind, [])
                 bucket.extend(m for m in messages if m not in bucket)
         return RunFacts(
-            scenario=self.scenario, plan=self.plan, workers=self.workers, collector=self.collector,
+            scenario=self.scenario, plan=self.plan, workers=self.pool.engines, collector=self.collector,
             started_wall=started_wall, t0_ns=self.t0_ns, t0_wall=self.t0_wall, end_ns=self.end_ns,
             abort_ns=self.abort_ns, abort_reason=self.abort_reason, launched=self.launched,
             gpus=self.telemetry.gpus if self.telemetry else [], error_examples={k: v[:5] for k, v in examples.items()},
             unaccounted=sum(done.unaccounted for done in self.done.values() if done),
+            distributed=self.pool.describe(self.plan.duration_s) if self.started else None,
         )

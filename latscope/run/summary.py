@@ -55,6 +55,8 @@ class RunFacts:
     gpus: list[dict] = field(default_factory=list)  # summary.json environment.gpus
     error_examples: dict[str, list[str]] = field(default_factory=dict)  # error kind -> a few distinct messages
     unaccounted: int = 0  # sent, yet counted neither completed, an error nor cancelled (WorkerDone): a bug if not 0
+    # a distributed run's machines (distributed/remote.py describe): generator.distributed and generator.nodes
+    distributed: dict | None = None
 
     def run_clock(self, ns: int | None) -> float | None:
         """perf_counter_ns `ns` on the run's clock (seconds from t0), None when either is unknown."""
@@ -110,7 +112,8 @@ def build_summary(facts: RunFacts) -> dict:
     offered = int(plan.planned_requests[measured].sum())
     if plan.closed_loop:  # the users' load is what they sent (it follows the server)
         offered = max(offered, requests["sent"] + requests["dropped"])
-    verdict, reasons = validity(metrics, requests, scenario.validity, scenario.limits.max_in_flight)
+    verdict, reasons = validity(metrics, requests, scenario.validity, scenario.limits.max_in_flight,
+                                (facts.distributed or {}).get("nodes"))
     goodput = _goodput(facts, window)  # before the SLO verdicts, which may read it
     launched = facts.launched
     return {
@@ -150,6 +153,7 @@ def build_summary(facts: RunFacts) -> dict:
             # the launched target's start and readiness on the run's clock (negative: before t=0)
             "target_launched_at_s": facts.run_clock(launched and launched[0]),
             "target_ready_at_s": facts.run_clock(launched and launched[1]),
+            **(facts.distributed or {}),
         },
         "environment": {
             "latscope": __version__,

@@ -48,6 +48,9 @@ class Scenario(Model):
     _templates: dict[DataPath, str] = PrivateAttr(default_factory=dict)
     # The loader's record of where each value came from (load.py's _Origin): Scenario.problem
     _origin: Any = PrivateAttr(default=None)
+    # A file as written in the scenario -> where it is on this machine instead (a distributed run's
+    # node keeps the files it fetched from the master in its cache: use_files)
+    _files: dict[str, Path] = PrivateAttr(default_factory=dict)
 
     @field_validator("name")
     @classmethod
@@ -225,8 +228,15 @@ class Scenario(Model):
         """The folder relative paths in the scenario are resolved against."""
         return self._base_dir
 
+    def use_files(self, base_dir: Path, files: dict[str, Path]) -> None:
+        """Resolve relative paths against `base_dir`, and each file named in `files` (as written
+        in the scenario) to its local copy: a distributed run's node, whose scenario came as text."""
+        self._base_dir, self._files = base_dir, dict(files)
+
     def resolve_path(self, p: str) -> Path:
         """`p` (e.g. a trace file) as an absolute path: relative paths count from `base_dir`."""
+        if p in self._files:
+            return self._files[p]
         path = Path(p).expanduser()
         return path if path.is_absolute() else self._base_dir / path
 

@@ -231,10 +231,3 @@ class TelemetrySession:
 
     def write(self, run_dir: Path) -> None:
         results.write_table(run_dir / results.TELEMETRY, self.rows.table())
-
-
-def worker_processes(processes: list) -> dict[str, int]:
-    """{device: pid} for the host sampler: "parent" (this process) and "worker-N" for each started worker."""
-    out = {"parent": os.getpid()}
-    out.update({f"worker-{i}": p.pid for i, p in enumerate(processes) if p.pid is not None})
-    return out

@@ -59,7 +59,7 @@ def write_run(
                 if metric == "latency":
                     row = counters.setdefault((classes.index(cls), warmup), np.zeros(len(COUNTERS), np.int64))
                     row[COMPLETED] += int(counts.sum())
-            collector.add(IntervalReport(k, histograms, clamped, counters, 0, {}, [], None))
+            collector.add(IntervalReport(k, histograms, clamped, counters, 0, {}, [], None, worker=0))
         collector.finish()
     results.write_rows(path / results.TIMESERIES, collector.rows, list(TIMESERIES_COLUMNS))
     totals = collector.totals_with_all()

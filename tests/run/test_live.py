@@ -132,7 +132,7 @@ def _report(k: int, latency_us: int, n: int) -> IntervalReport:
     histograms, clamped = recorder.snapshot()
     row = np.zeros(len(COUNTERS), np.int64)
     row[COUNTERS.index("sent")] = row[COUNTERS.index("completed")] = n
-    return IntervalReport(k, histograms, clamped, {(0, False): row}, 3, {}, [], None)
+    return IntervalReport(k, histograms, clamped, {(0, False): row}, 3, {}, [], None, worker=0)
 
 
 def test_the_window_rolls_over_the_last_complete_intervals(tmp_path):

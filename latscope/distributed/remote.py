@@ -1,0 +1,353 @@
+"""The coordinator's pool (run/pool.py): the run's senders are whole machines, reached through Locust.
+
+The coordinator is `latscope run` itself, started by the Locust master's relay with `--relay-fd`:
+the orchestrator, collector and summary writer are today's, and this pool stands where the local
+worker processes stood. Through the relay (frames: wire.py) it
+
+- takes the roster the relay froze at Locust's test start (the first `expect` workers that said
+  hello with this latscope and wire version) and gives node i engines [first_i, first_i + P_i) of
+  G = Σ P_i: engine g sends plan rows g, g + G, … (Plan.worker_slice), so the union is the plan
+  whatever the machines, and the same seed sends the same requests;
+- ships each node the scenario as written (its `${VAR}` filled from the node's own environment), the
+  plan as built here (numpy's streams are not promised equal across machines) and the files it needs;
+- measures each node's clock from the relay's pings (clock.py) and gives it t0 on its own clock;
+- turns each node's interval frame into an IntervalReport on this machine's clock (sender = node i),
+  keeps each node's health per interval (nodes.parquet) and reports a node Locust lost.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import queue
+import socket
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel
+
+from latscope import __version__, results
+from latscope.analysis.verdicts import RANK, node_validity
+from latscope.distributed.clock import ClockEstimate
+from latscope.distributed.frames import WIRE_VERSION, PeerGone, recv_sized, send_frame
+from latscope.distributed.wire import decode_report, encode_plan, file_sha256, shift_report
+from latscope.errors import RunError
+from latscope.plan import Plan
+from latscope.records import IntervalReport, WorkerDone, WorkerFailed, WorkerMessage, WorkerReady
+from latscope.recorder import from_sparse, new_histogram, summarize
+from latscope.results.schema import COMPLETED, ERROR_INDEX, NODE_COLUMNS, SENT
+from latscope.run.parts import RunPart
+from latscope.scenario import Scenario, secret_values
+
+
+CLOCK_SAMPLES = 16  # pings before a node counts as ready (the shortest round trip gives the estimate)
+MIN_START_DELAY_S = 0.5  # t0 is at least this far ahead when the start goes out (five hops, gevent on two)
+CHUNK = 1 << 20
+
+
+@dataclass
+class NodeState:
+    index: int
+    client: str  # Locust's client id
+    host: str
+    engines: int
+    first: int
+    clock: ClockEstimate = field(default_factory=ClockEstimate)
+    status: str = "ok"  # ok | lost | failed
+    ready: bool = False
+    reported_ready: bool = False
+    done: bool = False  # it sent its last frame: a Locust worker leaving after that is no loss
+    lost_ns: int | None = None
+    reason: str | None = None
+    late_ms: float | None = None
+    cpu_max: float | None = None
+    frame_bytes: int = 0  # what it sent the coordinator, as framed (Locust's envelope adds ~60 B a message)
+    totals: np.ndarray = field(default_factory=lambda: np.zeros(3, np.int64))  # sent, completed, errors
+    send_lag: object = field(default_factory=new_histogram)
+    loop_lag: object = field(default_factory=new_histogram)
+
+
+class RemotePool:
+    start_delay_s = MIN_START_DELAY_S
+
+    def __init__(self, sock: socket.socket, scenario_file: Path, overrides: tuple[str, ...], scenario: Scenario,
+                 plan: Plan, events: results.EventLog, *, expect: int, on_node_loss: str, master_timeout_s: float):
+        self.sock, self.scenario, self.plan, self.events = sock, scenario, plan, events
+        self.source = scenario_file.read_text()
+        self.scenario_name = scenario_file.name
+        self.overrides = list(overrides)
+        check_no_secrets(self.source, self.overrides, secret_values(scenario))
+        self.senders, self.engines = expect, 0
+        self.on_node_loss, self.master_timeout_s = on_node_loss, master_timeout_s
+        self.nodes: list[NodeState] = []
+        self.by_client: dict[str, NodeState] = {}
+        self.locust_version: str | None = None
+        self.rows: list[tuple] = []
+        self.files = payload_files(scenario)  # as written -> (local path, sha256, size)
+        self._lost: list[tuple[int, str]] = []
+        self._inbox: queue.Queue[dict] = queue.Queue()
+        self._lock = threading.Lock()
+        self.t0_ns: int | None = None
+        self.interval_s = scenario.output.interval
+
+    # -- the pool interface (run/pool.py) --------------------------------------------------------
+
+    def start(self) -> None:
+        threading.Thread(target=self._read, name="latscope-relay-reader", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                frame, size = recv_sized(self.sock)
+                frame["bytes"] = size
+                self._inbox.put(frame)
+        except (PeerGone, OSError) as exc:
+            self._inbox.put({"t": "gone", "why": str(exc)})
+
+    def get(self, timeout: float) -> WorkerMessage | None:
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                frame = self._inbox.get(timeout=left)
+            except queue.Empty:
+                break
+            if (message := self._on_frame(frame)) is not None:
+                return message
+        return self._newly_ready()
+
+    def lost(self) -> list[tuple[int, str]]:
+        out, self._lost = self._lost, []
+        return out
+
+    def continue_without(self, i: int) -> bool:
+        return self.on_node_loss == "continue" and self.nodes[i].status == "lost"
+
+    def go(self, t0_ns: int) -> None:
+        self.t0_ns = t0_ns
+        for node in self.nodes:
+            self._down(node, {"t": "start", "t0": t0_ns + node.clock.freeze()})
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            if node.status == "ok":
+                self._down(node, {"t": "stop"})
+
+    def close(self, hurry: bool) -> None:
+        self.stop()
+
+    def pids(self) -> dict[str, int]:
+        return {}
+
+    def parts(self) -> list:
+        return [_NodesFile(self)]
+
+    # -- frames ---------------------------------------------------------------------------------
+
+    def _send(self, frame: dict) -> None:
+        with self._lock:
+            try:
+                send_frame(self.sock, frame)
+            except OSError:
+                pass  # the relay is gone: its reader reports it
+
+    def _down(self, node: NodeState, frame: dict) -> None:
+        self._send({"t": "down", "n": node.client, "f": frame})
+
+    def _on_frame(self, frame: dict) -> WorkerMessage | None:
+        kind = frame["t"]
+        if kind == "gone":
+            if not self.nodes:
+                raise RunError(f"the Locust master exited before {self.senders} worker(s) joined (none within "
+                               "--workers-wait? Locust's own message is above)")
+            raise RunError(f"the Locust master's relay went away ({frame['why']})")
+        if kind == "roster":
+            self._take_roster(frame)
+        elif kind == "refused":
+            self.events.emit("node_rejected", host=frame["host"], reason=frame["why"])
+        elif kind == "clock" and (node := self.by_client.get(frame["n"])):
+            node.clock.add(frame["t1"], frame["t2"], frame["t4"])
+        elif kind == "lost" and (node := self.by_client.get(frame["n"])) and node.status == "ok" and not node.done:
+            node.status, node.lost_ns = "lost", time.perf_counter_ns()
+            node.reason = f"node {node.index} ({node.host}) lost: {frame['why']}"
+            self.events.emit("node_lost", node=node.index, host=node.host, reason=frame["why"])
+            self._lost.append((node.index, node.reason))
+        elif kind == "up" and (node := self.by_client.get(frame["n"])):
+            node.frame_bytes += frame["bytes"]
+            if node.status == "ok":  # a lost node that comes back (Locust lets a missing worker heal) is not heard
+                return self._from_node(node, frame["f"])
+        return None
+
+    def _take_roster(self, frame: dict) -> None:
+        self.locust_version = frame["locust"]
+        nodes = frame["nodes"][: self.senders]
+        if len(nodes) < self.senders:
+            refused = "; ".join(f"{r['host']}: {r['why']}" for r in frame.get("refused", []))
+            raise RunError(f"expected {self.senders} workers, {len(nodes)} joined with latscope {__version__} "
+                           f"(wire {WIRE_VERSION})" + (f"; refused: {refused}" if refused else ""))
+        elsewhere = sorted({hello["host"] for hello in nodes} - {socket.gethostname()})
+        if elsewhere and _loopback(self.scenario.target.url):
+            raise RunError(f"target.url {self.scenario.target.url} is this machine's loopback, but workers run on "
+                           f"{', '.join(elsewhere)}: their requests would go to their own loopback. Give the target "
+                           "an address the workers reach (and bind it there)")
+        first = 0
+        for i, hello in enumerate(nodes):
+            node = NodeState(i, hello["n"], hello["host"], int(hello["engines"]), first)
+            first += node.engines
+            self.nodes.append(node)
+            self.by_client[node.client] = node
+            self.events.emit("node_joined", node=i, host=node.host, engines=node.engines, latscope=hello["latscope"],
+                             locust=frame["locust"])
+        self.engines = first
+        plan = encode_plan(self.plan)
+        manifest = {written: [digest, size] for written, (_, digest, size) in self.files.items()}
+        for node in self.nodes:
+            self._down(node, {"t": "setup", "scenario": self.source, "name": self.scenario_name,
+                              "overrides": self.overrides, "plan": plan, "first": node.first, "engines": node.engines,
+                              "of": self.engines, "files": manifest, "master_timeout_s": self.master_timeout_s})
+
+    def _from_node(self, node: NodeState, f: dict) -> WorkerMessage | None:
+        kind = f["t"]
+        if kind == "interval":
+            report = shift_report(decode_report(f["blob"], node.index), -node.clock.offset_ns)
+            self._note_health(node, report, f.get("cpu"))
+            return report
+        if kind == "ready":
+            node.ready = True
+        elif kind == "fetch":
+            self._serve_chunk(node, f["sha"], f["offset"])
+        elif kind == "started":
+            node.late_ms = f["late_ms"]
+            self.events.emit("node_started", node=node.index, late_ms=f["late_ms"])
+        elif kind == "done":
+            node.done = True
+            return WorkerDone(node.index, f["not_sent"], f["error_examples"], f["unaccounted"])
+        elif kind == "failed":
+            node.status, node.reason = "failed", f"node {node.index} ({node.host}) failed"
+            self.events.emit("node_failed", node=node.index, host=node.host, error=f["error"].strip().splitlines()[-1])
+            return WorkerFailed(node.index, f"{node.reason}:\n{f['error']}")
+        return None
+
+    def _newly_ready(self) -> WorkerReady | None:
+        """A node is ready once its engines are and its clock has been measured CLOCK_SAMPLES times."""
+        for node in self.nodes:
+            if node.ready and not node.reported_ready and node.clock.samples >= CLOCK_SAMPLES:
+                node.reported_ready = True
+                c = node.clock
+                self.events.emit("node_ready", node=node.index, offset_ms=round(c.offset_ns / 1e6, 4),
+                                 bound_ms=round(c.bound_ns / 1e6, 4), rtt_min_ms=round(c.rtt_min_ns / 1e6, 4))
+                self.start_delay_s = max(self.start_delay_s, 5 * c.rtt_min_ns / 1e9)
+                return WorkerReady(node.index, 0)
+        return None
+
+    def _serve_chunk(self, node: NodeState, digest: str, offset: int) -> None:
+        entry = next(((path, size) for path, d, size in self.files.values() if d == digest), None)
+        if entry is None:
+            return
+        with open(entry[0], "rb") as f:
+            f.seek(offset)
+            self._down(node, {"t": "chunk", "sha": digest, "offset": offset, "data": f.read(CHUNK), "size": entry[1]})
+
+    # -- each node's health ---------------------------------------------------------------------
+
+    def _note_health(self, node: NodeState, report: IntervalReport, cpu: float | None) -> None:
+        rows = list(report.counters.values())
+        sent = int(sum(r[SENT] for r in rows))
+        completed = int(sum(r[COMPLETED] for r in rows))
+        errors = int(sum(r[i] for r in rows for i in ERROR_INDEX.values()))
+        node.totals += (sent, completed, errors)
+        lags = {}
+        for metric, total in (("send_lag", node.send_lag), ("loop_lag", node.loop_lag)):
+            h = new_histogram()
+            for (m, _, _), sparse in report.histograms.items():
+                if m == metric:
+                    h.add(from_sparse(*sparse))
+            total.add(h)
+            lags[metric] = summarize(h).get("p99_ms", math.nan)
+        if cpu is not None:
+            node.cpu_max = max(node.cpu_max or 0.0, cpu)
+        self.rows.append((report.interval * self.interval_s, node.index, node.host, node.status, sent, completed, errors,
+                          report.in_flight, lags["send_lag"], lags["loop_lag"], math.nan if cpu is None else cpu,
+                          node.clock.offset_ns / 1e6))
+
+    def describe(self, run_s: float) -> dict:
+        """summary.json generator's `distributed` and `nodes`."""
+        nodes = []
+        for n in self.nodes:
+            lag = {m: summarize(h).get("p99_ms") for m, h in (("send_lag", n.send_lag), ("loop_lag", n.loop_lag))}
+            nodes.append({
+                "node": n.index, "host": n.host, "locust_client_id": n.client, "engines": n.engines, "status": n.status,
+                "lost_at_s": None if n.lost_ns is None or self.t0_ns is None else round((n.lost_ns - self.t0_ns) / 1e9, 3),
+                "reason": n.reason, "clock": n.clock.summary(run_s) if n.clock.best else None,
+                "start_late_ms": n.late_ms,
+                "requests": dict(zip(("sent", "completed", "errors"), map(int, n.totals))),
+                "send_lag_p99_ms": lag["send_lag"], "loop_lag_p99_ms": lag["loop_lag"], "cpu_max_pct": n.cpu_max,
+                "frame_bytes": n.frame_bytes,
+            })
+            nodes[-1]["validity"] = max((stamp for stamp, _ in node_validity(nodes[-1], self.scenario.validity)),
+                                        key=RANK.__getitem__, default="valid")
+        errors = [n["clock"]["max_error_ms"] for n in nodes if n["clock"]]
+        return {"distributed": {"engine": "locust", "locust_version": self.locust_version, "wire_version": WIRE_VERSION,
+                                "nodes_expected": self.senders, "nodes": len(nodes), "engines": self.engines,
+                                "on_node_loss": self.on_node_loss,
+                                "clock": {"max_error_ms": max(errors) if errors else None}},
+                "nodes": nodes}
+
+
+class _NodesFile(RunPart):
+    """The run part that writes nodes.parquet from the pool's rows."""
+
+    def __init__(self, pool: RemotePool):
+        self.pool = pool
+
+    def write(self, run_dir: Path) -> None:
+        rows = self.pool.rows
+        columns = [list(c) for c in zip(*rows)] if rows else [[] for _ in NODE_COLUMNS]
+        results.write_table(run_dir / results.NODES, dict(zip(NODE_COLUMNS, columns)))
+
+
+def check_no_secrets(source: str, overrides: list[str], secrets: list[str]) -> None:
+    """RunError when a secret of the scenario is written in its text or in a --set value: those go to
+    every node over Locust's link, which has neither authentication nor encryption. Written as
+    `${VAR}`, a secret is filled on each machine from its own environment, and never travels."""
+    for where, text in (("the scenario file", source), *((f"--set {o.split('=', 1)[0]}", o) for o in overrides)):
+        if any(secret in text for secret in secrets):
+            raise RunError(f"{where} holds a secret as it is (an API key, a credential): a distributed run would send "
+                           "it to every worker unencrypted. Write it as ${VAR} (quoted on the command line) and set "
+                           "VAR on each machine")
+
+
+def _loopback(url: str) -> bool:
+    host = urllib.parse.urlsplit(url).hostname or ""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def payload_files(scenario: Scenario) -> dict[str, tuple[Path, str, int]]:
+    """The files the engines read (datasets, length samples, tensors), as written in the scenario ->
+    (path here, sha256, size). Traces are not among them: the plan is built here."""
+    found: dict[str, tuple[Path, str, int]] = {}
+
+    def walk(model: object) -> None:
+        if isinstance(model, BaseModel):
+            for name in type(model).model_fields:
+                value = getattr(model, name)
+                if name in ("file", "npy") and isinstance(value, str):
+                    path = scenario.resolve_path(value)
+                    found[value] = (path, file_sha256(path), path.stat().st_size)
+                else:
+                    walk(value)
+        elif isinstance(value := model, (list, tuple)):
+            for item in value:
+                walk(item)
+        elif isinstance(model, dict):
+            for item in model.values():
+                walk(item)
+
+    walk(scenario.workload)
+    return found
