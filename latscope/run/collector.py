@@ -47,7 +47,6 @@ def with_all(by_class: dict[str, HdrHistogram]) -> dict[str, HdrHistogram]:
 
 class Collector:
     def __init__(self, workers: int, plan: Plan, interval_s: float, hlog: HlogWriter | None):
-        self.workers = workers
         self.live = set(range(workers))  # the senders whose reports complete an interval (drop() removes one)
         self.plan = plan
         self.interval_s = interval_s

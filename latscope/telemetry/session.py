@@ -15,7 +15,6 @@ its read.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from array import array
