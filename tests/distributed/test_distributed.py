@@ -26,7 +26,7 @@ from latscope.analysis.quantile_ci import binomial_ranks
 from latscope.recorder import new_histogram
 from conftest import serve
 from cluster import LATSCOPE, SHIFT_S, Cluster, arrivals_app, can_shift_clock, wait_for_event
-from helpers import read_intervals, read_summary
+from helpers import read_intervals, read_summary, read_timeseries
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("locust") is None,
                                 reason="Locust is not installed (pip install -e '.[dev]' installs it)")
@@ -176,14 +176,14 @@ def exited_within(process: psutil.Process, timeout: float) -> bool:
 
 
 @contextmanager
-def master_of(tmp_path: Path, workers: int) -> Iterator[tuple[Cluster, Path, list]]:
-    """A master expecting `workers` for a 20 s run at 100 req/s against the logging target:
-    (the cluster, the results directory, the target's log). Whatever is left is killed after."""
+def master_of(tmp_path: Path, workers: int, *options: str) -> Iterator[tuple[Cluster, Path, list]]:
+    """A master expecting `workers` (with `options`) for a 20 s run at 100 req/s against the logging
+    target: (the cluster, the results directory, the target's log). Whatever is left is killed after."""
     log: list[tuple[int, int, str]] = []
     with serve(arrivals_app(log)) as url:
         cluster = Cluster(tmp_path)
         try:
-            cluster.start_master(write_scenario(tmp_path, url, seconds=20, rate=100), tmp_path / "run", workers)
+            cluster.start_master(write_scenario(tmp_path, url, seconds=20, rate=100), tmp_path / "run", workers, *options)
             yield cluster, tmp_path / "run", log
         finally:
             cluster.kill_all()
@@ -274,22 +274,39 @@ def test_a_worker_of_another_latscope_version_is_refused_before_anything_is_sent
         f"it runs latscope 0.0.0-other (wire 1); the master runs latscope {__version__} (wire 1)"]
 
 
-def test_sigterm_to_the_master_stops_the_run_in_order(tmp_path):
-    """SIGTERM to the Locust master (what `docker stop` and Kubernetes send): the coordinator stops the
-    nodes, collects what they measured and writes a complete, partial directory; nothing is left."""
-    with master_of(tmp_path, 1) as (cluster, out, log):
-        worker = cluster.start_worker()
+def test_with_continue_a_lost_node_is_left_behind_and_sigterm_to_the_master_stops_the_run_in_order(tmp_path):
+    """`--on-node-loss continue`: a worker killed 1 s in is marked lost (~4 s later) and the run goes
+    on with the other, stamped invalid. Then SIGTERM to the Locust master (what `docker stop` and
+    Kubernetes send): the coordinator stops the node left, collects what it measured and writes a
+    complete, partial directory; nothing is left running."""
+    with master_of(tmp_path, 2, "--on-node-loss", "continue") as (cluster, out, log):
+        cluster.start_worker()
+        victim = cluster.start_worker()
         wait_for_event(out, "run_start", proc=cluster.master)
         time.sleep(1.0)
+        victim.kill()
+        wait_for_event(out, "node_lost", timeout=15, proc=cluster.master)
+        time.sleep(2.0)  # going on without it
         cluster.master.send_signal(signal.SIGTERM)
         code = cluster.wait_master(30)
-        worker.wait(30)
+        victim.wait(10)
         orphans = cluster.no_orphans()
     assert code == 1 and orphans == []
     summary = read_summary(out)
     assert summary["partial"] is True and summary["abort_reason"] == "interrupted by SIGTERM"
-    node = summary["generator"]["nodes"][0]
-    assert node["status"] == "ok"  # stopped, not lost: it reported what it measured
-    assert summary["requests"]["sent"] == node["requests"]["sent"] == len(log) > 0
+    ok, lost = sorted(summary["generator"]["nodes"], key=lambda n: n["status"] != "ok")
+    assert ok["status"] == "ok" and lost["status"] == "lost" and lost["lost_at_s"] > 1.0
+    assert summary["validity"] == "invalid"
+    assert any(f"node {lost['node']} ({lost['host']}) lost at" in r for r in summary["validity_reasons"])
+    # the node left sent on after the loss, and everything it sent was counted: stopped, not lost
+    got = arrivals(log)
+    mine = got[node_of(summary, got["seq"].to_numpy()) == ok["node"]]
+    assert ok["requests"]["sent"] == len(mine) > 0
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    lost_at_s = next(e for e in events if e["event"] == "node_lost")["t_s"]
+    timeseries = read_timeseries(out)
+    after = timeseries[(timeseries["metric"] == "latency") & (timeseries["class"] == "all")
+                       & (timeseries["interval_start_s"] > lost_at_s + 1)]
+    assert len(after) > 0 and (after["sent"] > 0).all()  # intervals after the loss completed, with one sender
     assert summary["requests"]["sent"] == summary["requests"]["completed"] + summary["requests"]["errors"] + \
         summary["requests"]["cancelled"]
