@@ -15,9 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "report"))
-from browser_cdp import Browser, PLOTS_DONE, chromium_path  # noqa: E402  (the tests' DevTools-protocol driver)
+from capacity_screenshot import REPO, chromium_path, screenshot  # this folder's screenshot helper
 
 LATSCOPE = [sys.executable, "-m", "latscope"]
 SHIFTED = ["unshare", "--user", "--map-root-user", "--time", "--fork", "--monotonic", "1000"]
@@ -40,9 +38,7 @@ def main() -> None:
     master.wait()
     for w in workers:
         w.wait()
-    with Browser(out) as browser:
-        page = browser.open((out / "run" / "report.html").as_uri(), wait_for=PLOTS_DONE)
-        page.screenshot_of("#generator", REPO / "docs" / "distributed.png", width=1200, scale=0.8)
+    screenshot(out / "run" / "report.html", REPO / "docs" / "distributed.png", selector="#generator")
     print(f"run in {out}; screenshot in docs/distributed.png")
 
 

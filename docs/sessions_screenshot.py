@@ -12,10 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "report"))
-from browser_cdp import Browser, PLOTS_DONE, chromium_path  # noqa: E402  (the tests' DevTools-protocol driver)
-
+from capacity_screenshot import REPO, chromium_path, screenshot  # this folder's screenshot helper
 
 
 def main() -> None:
@@ -24,9 +21,7 @@ def main() -> None:
     out = Path(tempfile.mkdtemp(prefix="latscope-sessions-"))
     subprocess.run([sys.executable, "-m", "latscope.cli", "run", "scenarios/chat_sessions.yaml", "--out", str(out / "run"),
                     "--quiet", "--workers", "1"], cwd=REPO, check=True)
-    with Browser(out) as browser:
-        page = browser.open((out / "run" / "report.html").as_uri(), wait_for=PLOTS_DONE)
-        page.screenshot_of("#sessions", REPO / "docs" / "sessions.png", width=1200, scale=0.8)
+    screenshot(out / "run" / "report.html", REPO / "docs" / "sessions.png", selector="#sessions")
     print(f"run in {out}; screenshot in docs/sessions.png")
 
 

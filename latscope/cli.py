@@ -168,7 +168,7 @@ def run(scenario_file: Path, out: Path | None, overrides: tuple[str, ...], worke
             scenario = load_scenario(scenario_file, overrides)
             if distributed and relay_fd is None:
                 _exec_master(scenario_file, out, overrides, workers, expect_workers, bind, workers_wait, on_node_loss,
-                             master_timeout, sys.argv[2:])
+                             master_timeout)
             if relay_fd is not None:
                 from latscope.distributed.launch import remote_pool
 
@@ -193,26 +193,22 @@ def run(scenario_file: Path, out: Path | None, overrides: tuple[str, ...], worke
 
 
 # `latscope run` options the Locust master's coordinator gets as they were given (--latscope-run-args)
-_COORDINATOR_OPTIONS = {"--quiet": 0, "--gate": 0, "--metrics-port": 1, "--metrics-host": 1, "--baseline": 1,
-                        "--slo": 1, "--junit": 1, "--markdown": 1}
+_COORDINATOR_PARAMS = ("quiet", "run_gate", "metrics_port", "metrics_host", "baseline", "slo_file", "junit", "markdown")
 
 
 def _exec_master(scenario_file: Path, out: Path | None, overrides: tuple[str, ...], workers: int | None, expect: int,
-                 bind: str, workers_wait: float, on_node_loss: str, master_timeout: float, argv: list[str]) -> None:
+                 bind: str, workers_wait: float, on_node_loss: str, master_timeout: float) -> None:
     """`run --distributed`: become the Locust master (distributed/launch.py); the scenario was checked."""
     from latscope.distributed.launch import exec_locust, master_argv
 
     if workers is not None:
         raise click.UsageError("--workers is for a run on this machine; with --distributed each worker's "
                                "engines are `latscope worker --engines N`")
-    passed, i = [], 0
-    while i < len(argv):
-        name = argv[i].split("=", 1)[0]
-        if name in _COORDINATOR_OPTIONS:
-            takes = _COORDINATOR_OPTIONS[name] if "=" not in argv[i] else 0
-            passed += argv[i:i + 1 + takes]
-            i += takes
-        i += 1
+    ctx = click.get_current_context()
+    passed = []
+    for param in ctx.command.params:
+        if param.name in _COORDINATOR_PARAMS and (value := ctx.params[param.name]) is not None and value is not False:
+            passed += [param.opts[0]] if param.is_flag else [param.opts[0], str(value)]
     try:
         exec_locust(master_argv(scenario_file.absolute(), expect=expect, bind=bind, on_node_loss=on_node_loss,
                                 workers_wait_s=workers_wait, master_timeout_s=master_timeout, overrides=overrides,

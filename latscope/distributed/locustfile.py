@@ -167,14 +167,14 @@ class _MasterRelay:
         that says hello after the roster is frozen is refused (on_hello)."""
         while self.exit_code is None:
             for n in list(self.runner.clients):
-                if n not in self.hellos and n not in {r["n"] for r in self.refused}:
+                if not self.heard(n):
                     self.runner.send_message("latscope:who", None, client_id=n)
             gevent.sleep(HELLO_ASK_S)
 
     def on_hello(self, environment, msg) -> None:  # noqa: ANN001
         hello = {**msg.data, "n": msg.node_id}
-        if msg.node_id in self.hellos or msg.node_id in {r["n"] for r in self.refused}:
-            return  # asked twice before its first answer came: it has been heard
+        if self.heard(msg.node_id):
+            return  # asked twice before its first answer came
         if hello.get("latscope") != __version__ or hello.get("wire") != WIRE_VERSION:
             self.refuse(msg.node_id, f"it runs latscope {hello.get('latscope')} (wire {hello.get('wire')}); "
                                      f"the master runs latscope {__version__} (wire {WIRE_VERSION})", hello.get("host"))
@@ -183,6 +183,10 @@ class _MasterRelay:
                                      "(start a new run to use more workers)", hello.get("host"))
         else:
             self.hellos[msg.node_id] = hello
+
+    def heard(self, client_id: str) -> bool:
+        """Whether the worker has said hello (admitted or refused)."""
+        return client_id in self.hellos or any(r["n"] == client_id for r in self.refused)
 
     def refuse(self, client_id: str, why: str, host: str | None = None) -> None:
         host = host or self.hellos.get(client_id, {}).get("host") or client_id
@@ -197,7 +201,7 @@ class _MasterRelay:
     def freeze_roster(self) -> None:
         deadline = time.monotonic() + HELLO_WAIT_S
         while time.monotonic() < deadline and any(
-                c.id not in self.hellos and c.id not in {r["n"] for r in self.refused} for c in self.runner.clients.values()):
+                not self.heard(c.id) for c in self.runner.clients.values()):
             gevent.sleep(0.05)
         ordered = sorted(self.hellos, key=self.runner.get_worker_index)[: self.expect]
         self.roster = ordered
@@ -271,7 +275,7 @@ class _WorkerRelay:
         opts = environment.parsed_options
         self.engines = opts.latscope_engines or os.cpu_count() or 1
         self.quitting = False
-        self.node, self.sock = _child(["latscope.distributed.node", "--fd", "{fd}", "--engines", str(self.engines)])
+        self.node, self.sock = _child(["latscope.distributed.node", "--fd", "{fd}"])
         self.runner.register_message("latscope:who", self.on_who)
         self.runner.register_message("latscope:ping", self.on_ping)
         self.runner.register_message("latscope:down", self.on_down)

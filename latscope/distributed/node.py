@@ -1,7 +1,8 @@
 """A load machine's share of a distributed run: its engines, their reports merged, one frame per interval.
 
-Started by the Locust worker's relay (locustfile.py) as `python -m latscope.distributed.node --fd N
---engines P`: a plain process, never gevent-patched, talking frames (wire.py) over the socketpair fd.
+Started by the Locust worker's relay (locustfile.py) as `python -m latscope.distributed.node --fd N`:
+a plain process, never gevent-patched, talking frames (wire.py) over the socketpair fd. How many
+engines it runs, and which, the coordinator's setup says (from the worker's hello).
 
     setup  -> the files it lacks fetched in chunks -> the scenario loaded here (so `${VAR}` takes this
               machine's environment: secrets never cross the wire) -> P engines (run/pool.LocalPool,
@@ -31,13 +32,12 @@ from pathlib import Path
 import psutil
 
 from latscope.distributed.frames import PeerGone, recv_frame, send_frame
-from latscope.distributed.wire import decode_plan, encode_report, file_sha256, merge_reports
+from latscope.distributed.wire import CHUNK, decode_plan, encode_report, file_sha256, merge_reports
 from latscope.errors import ScenarioError
 from latscope.records import IntervalReport, WorkerDone, WorkerFailed, WorkerReady
 from latscope.run.pool import LocalPool
 from latscope.scenario import load_scenario, scrub, secret_values
 
-CHUNK = 1 << 20  # bytes per file chunk
 WINDOW = 8  # chunks asked for before the first arrives: ZeroMQ drops silently past its queue limit
 REASK_S = 5.0  # a chunk asked for and not come in this long is asked for again
 LATE_START_MS = 10.0  # a start that arrives later than this after its t0 is refused (the engines would burst)
@@ -55,8 +55,8 @@ class Stopped(Exception):
 
 
 class Node:
-    def __init__(self, sock: socket.socket, engines: int):
-        self.sock, self.engines = sock, engines
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
         self.inbox: queue.Queue[dict] = queue.Queue()
         self.lock = threading.Lock()
         self.heard = time.monotonic()
@@ -181,7 +181,7 @@ class Node:
             if dead := self.pool.lost():
                 raise RuntimeError(dead[0][1])
             self._control(self.next_frame(0))
-        self.send({"t": "ready", "planned": 0})
+        self.send({"t": "ready"})
 
     def measure(self) -> int:
         pending: dict[int, list[IntervalReport]] = {}
@@ -262,11 +262,10 @@ class EnginesCpu:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m latscope.distributed.node")
     parser.add_argument("--fd", type=int, required=True)
-    parser.add_argument("--engines", type=int, required=True)
     args = parser.parse_args(argv)
     sock = socket.socket(fileno=args.fd)
     sock.setblocking(True)  # the relay's end is gevent's, non-blocking: the flag is shared
-    return Node(sock, args.engines).run()
+    return Node(sock).run()
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from latscope import __version__, results
 from latscope.analysis.verdicts import RANK, node_validity
 from latscope.distributed.clock import ClockEstimate
 from latscope.distributed.frames import WIRE_VERSION, PeerGone, recv_sized, send_frame
-from latscope.distributed.wire import decode_report, encode_plan, file_sha256, shift_report
+from latscope.distributed.wire import CHUNK, decode_report, encode_plan, file_sha256, shift_report
 from latscope.errors import RunError
 from latscope.plan import Plan
 from latscope.records import IntervalReport, WorkerDone, WorkerFailed, WorkerMessage, WorkerReady
@@ -46,7 +46,6 @@ from latscope.scenario import Scenario, secret_values
 
 CLOCK_SAMPLES = 16  # pings before a node counts as ready (the shortest round trip gives the estimate)
 MIN_START_DELAY_S = 0.5  # t0 is at least this far ahead when the start goes out (five hops, gevent on two)
-CHUNK = 1 << 20
 
 
 @dataclass
@@ -73,6 +72,7 @@ class NodeState:
 
 class RemotePool:
     start_delay_s = MIN_START_DELAY_S
+    ready_timeout_s = math.inf  # the machines are waited for by Locust (--workers-wait) and their setup
 
     def __init__(self, sock: socket.socket, scenario_file: Path, overrides: tuple[str, ...], scenario: Scenario,
                  plan: Plan, events: results.EventLog, *, expect: int, on_node_loss: str, master_timeout_s: float):
@@ -244,12 +244,12 @@ class RemotePool:
         return None
 
     def _serve_chunk(self, node: NodeState, digest: str, offset: int) -> None:
-        entry = next(((path, size) for path, d, size in self.files.values() if d == digest), None)
-        if entry is None:
+        path = next((path for path, d, _ in self.files.values() if d == digest), None)
+        if path is None:
             return
-        with open(entry[0], "rb") as f:
+        with open(path, "rb") as f:
             f.seek(offset)
-            self._down(node, {"t": "chunk", "sha": digest, "offset": offset, "data": f.read(CHUNK), "size": entry[1]})
+            self._down(node, {"t": "chunk", "sha": digest, "offset": offset, "data": f.read(CHUNK)})
 
     # -- each node's health ---------------------------------------------------------------------
 
@@ -342,8 +342,8 @@ def payload_files(scenario: Scenario) -> dict[str, tuple[Path, str, int]]:
                     found[value] = (path, file_sha256(path), path.stat().st_size)
                 else:
                     walk(value)
-        elif isinstance(value := model, (list, tuple)):
-            for item in value:
+        elif isinstance(model, (list, tuple)):
+            for item in model:
                 walk(item)
         elif isinstance(model, dict):
             for item in model.values():

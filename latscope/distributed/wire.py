@@ -3,8 +3,8 @@
 Frames between the coordinator and a node (frames.py carries them; → to the node, ← from it):
 
     → setup {scenario, name, overrides, plan, first, engines, of, files, master_timeout_s}
-    ← fetch {sha, offset}        → chunk {sha, offset, data, size}     (a file the node lacks)
-    ← ready {planned}            → start {t0}                          (t0 on the node's own clock)
+    ← fetch {sha, offset}        → chunk {sha, offset, data}           (a file the node lacks, CHUNK at a time)
+    ← ready {}                   → start {t0}                          (t0 on the node's own clock)
     ← started {late_ms}          ← interval {k, blob, cpu}             (blob: encode_report)
     → stop {}                    ← done {not_sent, error_examples, unaccounted}
     ← failed {error}             → alive {}                            (from the worker's relay)
@@ -31,11 +31,14 @@ from latscope.plan import Plan, PhasePlan
 from latscope.records import IntervalReport, Probe
 from latscope.sessions import Turns
 
+CHUNK = 1 << 20  # a file travels (and is hashed) this many bytes at a time
+
+
 def file_sha256(path: Path) -> str:
-    """A file's content hash (how a node knows its copy is the master's), read 1 MiB at a time."""
+    """A file's content hash (how a node knows its copy is the master's), read CHUNK bytes at a time."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        while block := f.read(1 << 20):
+        while block := f.read(CHUNK):
             h.update(block)
     return h.hexdigest()
 

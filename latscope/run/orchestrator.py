@@ -46,7 +46,6 @@ from latscope.scenario import Scenario, redacted_yaml, scrub, secret_values
 from latscope.telemetry.session import TelemetrySession
 from latscope.workload import Payloads
 
-READY_TIMEOUT_S = 60.0  # for local workers to start (a remote pool waits as long as it is told to)
 STOP_GRACE_S = 10.0  # how long stopped workers get to report what they measured
 HURRY_GRACE_S = 1.0  # ... after a second Ctrl-C (a stopped worker drains for 0.5 s, engine.Engine._drain)
 # Events the live progress display shows as they happen.
@@ -265,10 +264,10 @@ class _Run:
         self.end_ns = time.perf_counter_ns()
 
     def _wait_ready(self, stop: StopRequest) -> bool:
-        """True once every sender is ready; False when the user stopped the run first. A remote
-        pool waits for its machines itself (its own deadline), so it gets no deadline here."""
+        """True once every sender is ready (within the pool's ready_timeout_s); False when the user
+        stopped the run first."""
         ready = set()
-        deadline = time.monotonic() + READY_TIMEOUT_S if isinstance(self.pool, LocalPool) else math.inf
+        deadline = time.monotonic() + self.pool.ready_timeout_s
         while len(ready) < self.pool.senders:
             if stop.reason:
                 self._abort(stop.reason)

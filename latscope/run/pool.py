@@ -9,6 +9,7 @@ senders are whole machines. The orchestrator sees only this interface:
     lost() -> [(sender, why)]     senders gone without their WorkerDone, each reported once
     continue_without(sender)      whether the run goes on without a lost sender (else it aborts)
     start_delay_s                 how far ahead of now t0 must be for every sender to get it in time
+    ready_timeout_s               how long the senders may take to be ready before the run gives up
     go(t0_ns)                     the common start, perf_counter_ns on this machine's clock
     stop()                        ask every sender to stop and report what it has (idempotent)
     close(hurry)                  stop, wait a little (not at all when hurrying), then kill what is left
@@ -32,6 +33,7 @@ from latscope.records import WorkerMessage
 from latscope.scenario import Scenario
 
 LOCAL_START_DELAY_S = 0.2  # between "all workers ready" and the first intended send
+LOCAL_READY_TIMEOUT_S = 60.0  # for local workers to start
 
 
 class Pool(Protocol):
@@ -40,6 +42,7 @@ class Pool(Protocol):
     senders: int
     engines: int
     start_delay_s: float
+    ready_timeout_s: float
 
     def start(self) -> None: ...
     def get(self, timeout: float) -> WorkerMessage | None: ...
@@ -59,6 +62,7 @@ class LocalPool:
     they send from it instead of building their own (a node gets the master's plan)."""
 
     start_delay_s = LOCAL_START_DELAY_S
+    ready_timeout_s = LOCAL_READY_TIMEOUT_S
 
     def __init__(self, scenario: Scenario, count: int, *, first: int = 0, of: int | None = None, plan: Plan | None = None):
         self.scenario, self.count, self.first, self.of, self.plan = scenario, count, first, of or count, plan
