@@ -101,7 +101,9 @@ def test_a_distributed_run_sends_the_local_runs_schedule_measures_the_shifted_cl
             cluster.start_master(scenario, dist, 2)
             cluster.start_worker()
             cluster.start_worker(shifted=shift_problem is None)
-            wait_for_event(dist, "run_start", proc=cluster.master)
+            # late: once the roster is frozen (Locust's test start), with the setup and the 4 s run still
+            # ahead, time enough for a worker to start and say hello before the run ends on a busy box
+            wait_for_event(dist, "node_joined", proc=cluster.master)
             late = cluster.start_worker()
             assert cluster.wait_master() == 0, cluster.master_log.read_text()
             assert late.wait(30) != 0
