@@ -3,7 +3,7 @@
     python benchmarks/trace_replay.py                          # this checkout, 3 runs (~4 min)
     python benchmarks/trace_replay.py --before ../old --runs 3 # an older checkout too, alternating
 
-Replays 60 s of Microsoft's Azure LLM conversation trace (`../shared/data/azure_llm_conv_trace.csv`,
+Replays 60 s of Microsoft's Azure LLM conversation trace (`data/azure_llm_conv_trace.csv`,
 from minute 10) sped up 20×, with every request's prompt and answer length as the trace gives them,
 unscaled (prompts up to ~7,000 tokens; ~120 req/s, 42 % of the gaps under 1 ms), as streaming
 /v1/completions, against `latscope.targets.stream` (first token after 20 ms, then one every 20 ms:
@@ -39,7 +39,7 @@ from common import (  # noqa: E402
 )
 
 SECTION_TITLE = "## trace replay send lag (benchmarks/trace_replay.py)"
-TRACE = REPO.parent / "shared" / "data" / "azure_llm_conv_trace.csv"
+TRACE = REPO / "data" / "azure_llm_conv_trace.csv"
 METRICS = ("send_lag", "encode", "loop_lag", "gc_pause")
 
 

@@ -17,7 +17,7 @@ from aiohttp import web
 from latscope.targets.echo import make_app
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
+DATA = REPO / "data"  # the traces the scenarios, tests and benchmarks replay (data/README.md: licences)
 
 # The smallest valid scenario file (points at a closed port: for validation tests only).
 MINIMAL = """\

@@ -21,10 +21,11 @@ import pandas as pd
 import pytest
 from scipy import stats
 
+from conftest import DATA
 from latscope import arrivals
 from latscope.errors import ScenarioError
 
-AZURE_TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "azure_llm_conv_trace.csv"
+AZURE_TRACE = DATA / "azure_llm_conv_trace.csv"
 KS_MIN_P = 1e-3
 
 
@@ -373,8 +374,6 @@ def test_performance_one_million_poisson_arrivals():
 
 @pytest.fixture(scope="module")
 def azure() -> pd.DataFrame:
-    if not AZURE_TRACE.is_file():
-        pytest.skip(f"Azure LLM trace not found at {AZURE_TRACE} (needs shared/ next to the repo)")
     return arrivals.read_trace(AZURE_TRACE)
 
 

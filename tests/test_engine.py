@@ -108,11 +108,9 @@ def test_results_histograms_timeseries_and_events_agree(target, tmp_path):
 
 def test_trace_replay_sends_the_trace_sped_up(target, tmp_path):
     """The first 60 s of the Azure LLM trace at 20× speed: ~3 s, every trace arrival sent once."""
-    from conftest import SHARED_DATA
+    from conftest import DATA
 
-    trace = SHARED_DATA / "azure_llm_conv_trace.csv"
-    if not trace.exists():
-        pytest.skip(f"trace not found at {trace} (the repo is expected next to shared/)")
+    trace = DATA / "azure_llm_conv_trace.csv"
     url = target(delay_ms=1)
     data = scenario_dict(url, tmp_path, [{"name": "replay", "duration": 3,
                                           "arrival": {"type": "trace", "file": str(trace), "speedup": 20}}])

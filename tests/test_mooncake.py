@@ -13,19 +13,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import DATA
 from latscope import arrivals, mooncake
 from latscope.errors import ScenarioError
 from latscope.mooncake import block_prompt, id_capacity, mooncake_offsets, mooncake_rows, read_mooncake, scaled_lengths
 from latscope.workload import VOCABULARY
 
-MOONCAKE_TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "mooncake_conversation_trace.jsonl"
+MOONCAKE_TRACE = DATA / "mooncake_conversation_trace.jsonl"
 WORDS = tuple(VOCABULARY)
 
 
 @pytest.fixture(scope="module")
 def real() -> mooncake.MooncakeTrace:
-    if not MOONCAKE_TRACE.is_file():
-        pytest.skip(f"Mooncake trace not found at {MOONCAKE_TRACE} (needs shared/ next to the repo)")
     return read_mooncake(MOONCAKE_TRACE)
 
 

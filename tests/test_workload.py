@@ -14,7 +14,7 @@ from latscope.records import Request
 from latscope.scenario import scenario_from_dict
 from latscope.workload import VOCABULARY, Payloads, draw_lengths
 
-from conftest import SHARED_DATA
+from conftest import DATA
 
 
 def _scenario(classes: list[dict], phases: list[dict] | None = None, protocol: str = "openai", base: str = "") -> dict:
@@ -73,7 +73,7 @@ def test_http_classes_carry_no_lengths():
 
 
 def test_trace_columns_give_each_request_its_lengths():
-    trace = SHARED_DATA / "azure_llm_conv_trace.csv"
+    trace = DATA / "azure_llm_conv_trace.csv"
     lengths = {"prompt_column": "ContextTokens", "output_column": "GeneratedTokens"}
     phases = [{"name": "replay", "duration": 20, "arrival": {"type": "trace", "file": str(trace), "start": 60, "lengths": lengths}}]
     plan = build_plan(scenario_from_dict(_scenario([{"name": "a", "prompt_tokens": 5}], phases)))
@@ -94,7 +94,7 @@ def test_trace_columns_give_each_request_its_lengths():
 
 
 def test_trace_column_typo_is_named():
-    phases = [{"name": "replay", "duration": 5, "arrival": {"type": "trace", "file": str(SHARED_DATA / "azure_llm_conv_trace.csv"),
+    phases = [{"name": "replay", "duration": 5, "arrival": {"type": "trace", "file": str(DATA / "azure_llm_conv_trace.csv"),
                "lengths": {"prompt_column": "Context"}}}]
     with pytest.raises(ScenarioError, match="no column 'Context'.*ContextTokens"):
         build_plan(scenario_from_dict(_scenario([{"name": "a"}], phases)))

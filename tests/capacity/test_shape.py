@@ -13,7 +13,7 @@ from latscope.capacity.shape import measured_rate, measured_seconds, scaled
 from latscope.plan import build_plan
 from latscope.scenario import scenario_from_dict
 
-from conftest import SHARED_DATA, scenario_dict
+from conftest import DATA, scenario_dict
 
 ARRIVALS = [
     {"type": "constant", "rate": 40},
@@ -48,7 +48,7 @@ def test_expected_arrivals_match_what_the_plans_send(arrival, tmp_path):
 
 
 def test_the_trace_rate_is_its_count(tmp_path):
-    arrival = {"type": "trace", "file": str(SHARED_DATA / "azure_llm_conv_trace.csv"), "speedup": 2.0}
+    arrival = {"type": "trace", "file": str(DATA / "azure_llm_conv_trace.csv"), "speedup": 2.0}
     s = scenario(arrival, tmp_path, duration=30)
     n = len(phase_offsets(s.phases[1].arrival, 30, np.random.default_rng(0), s.resolve_path)[0])
     assert measured_rate(s) == pytest.approx(n / 30)
