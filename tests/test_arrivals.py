@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
