@@ -20,7 +20,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Protocol, TypeVar
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -36,12 +36,47 @@ from reference_server.metrics import PREFIX
 if TYPE_CHECKING:
     from aiohttp.typedefs import Handler
 
-    from reference_server.supervisor import Supervisor
-
 log = logging.getLogger(__name__)
 
 STATES = ("starting", "loading", "warming", "ready", "stopping")
 MAX_BODY_BYTES = 64 * 1024
+
+
+class ReplicaView(Protocol):
+    """What the admin API reads of one replica (supervisor.Replica)."""
+
+    @property
+    def state(self) -> str: ...
+
+    def as_json(self) -> dict: ...
+
+
+R = TypeVar("R", bound=ReplicaView)
+
+
+class Replicas(Protocol[R]):
+    """What the admin API needs of the supervisor (supervisor.Supervisor, which serves it). Written
+    here rather than imported: supervisor.py imports this module, and this one never imports it back."""
+
+    @property
+    def replicas(self) -> Mapping[str, R]: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+    @property
+    def starts(self) -> int: ...
+
+    @property
+    def unexpected_exits(self) -> int: ...
+
+    def list(self) -> list[dict]: ...
+
+    def find(self, replica_id: str) -> R | None: ...
+
+    async def add(self, prewarm: bool | None = None) -> R: ...
+
+    def remove(self, replica: R) -> None: ...
 
 
 def _error(status: int, message: str, **headers: str) -> web.Response:
@@ -49,7 +84,7 @@ def _error(status: int, message: str, **headers: str) -> web.Response:
 
 
 class _SupervisorCollector(Collector):
-    def __init__(self, supervisor: Supervisor) -> None:
+    def __init__(self, supervisor: Replicas[Any]) -> None:
         self.supervisor = supervisor
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
@@ -83,7 +118,7 @@ def _auth(token: str):
     return middleware
 
 
-def make_app(supervisor: Supervisor, token: str) -> web.Application:
+def make_app(supervisor: Replicas[Any], token: str) -> web.Application:
     registry = CollectorRegistry()
     registry.register(_SupervisorCollector(supervisor))
 
@@ -133,7 +168,7 @@ def make_app(supervisor: Supervisor, token: str) -> web.Application:
     return app
 
 
-async def start(supervisor: Supervisor, host: str, port: int, token: str) -> tuple[web.AppRunner, str]:
+async def start(supervisor: Replicas[Any], host: str, port: int, token: str) -> tuple[web.AppRunner, str]:
     """Serve the admin API on (host, port); port 0 picks a free one. Returns the runner and the URL."""
     runner = web.AppRunner(make_app(supervisor, token), handle_signals=False, access_log=None,
                            logger=client_errors.LOG)

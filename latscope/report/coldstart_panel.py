@@ -89,6 +89,8 @@ def coldstart_panel(events: list[dict], series: dict[tuple[str, str], pd.DataFra
         panel.note = ("No capacity change to measure: the scenario launched no target, ran no scale action and had no idle "
                       "stretch (see scenarios/scale_up.yaml and scenarios/cold_start.yaml).")
         panel.html = _starts_table(all_starts, compare) if all_starts else ""
+        if not all_starts:  # no request completed: no start to analyse either
+            panel.not_measured = "cold starts"
         return panel
     panel.lead = "<ul class=\"cold\">" + "".join(
         f"<li class=\"{'bad' if e.get('cold') else 'good'}\">{'<b>' + run + '</b> ' if compare else ''}<b>{_cold_title(e)}</b>: {coldstart.describe(e)}</li>"

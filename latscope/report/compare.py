@@ -2,7 +2,8 @@
 with a base run) with both runs — overlaid where they share axes (base dashed, new solid), side by
 side where they do not (cold starts: one bar group and one block of table rows per run) — each
 run's validity stamp by its name, and a table of percentile deltas for every metric × class of
-either run (computed by latscope.analysis.compare)."""
+either run (computed by latscope.analysis.compare). A panel is left out, named in the header's "Not
+measured in either run" line, only when neither run has anything for it (the panel's build sees both)."""
 
 from __future__ import annotations
 
@@ -167,7 +168,7 @@ def compare_html(base: RunData, new: RunData, cdn: bool = False) -> tuple[str, p
     tail = [f"<div class=\"grid\"><section><h2>Base run</h2>{metadata_table(base)}</section>"
             f"<section><h2>New run</h2>{metadata_table(new)}</section></div>"]
     panels = [safe_panel(lambda spec=spec: spec.build(new, base), spec.id, spec.compare_title or spec.title) for spec in PANELS]
-    return page(f"latscope compare · {esc_html(line)}", header, body, panels, tail, cdn), deltas
+    return page(f"latscope compare · {esc_html(line)}", header, body, panels, tail, cdn, not_measured_in="either run"), deltas
 
 
 def compare_markdown(base: RunData, new: RunData, deltas: pd.DataFrame) -> str:

@@ -3,7 +3,9 @@
 Nothing here computes a statistic: percentiles, cold starts, the serialization breakdown and the
 deltas come from latscope.analysis; this module only chooses how to draw them. A panel without data
 comes back as a `Panel` with no figure and a one-line `note` saying why, so the page can say so
-instead of drawing an empty plot.
+instead of drawing an empty plot; a panel whose whole subject the run did not measure (no streamed
+tokens, no GPU telemetry, no Server-Timing parts) also sets `not_measured`, a short phrase the page
+gathers into one "Not measured in this run" line instead of drawing its card.
 
 Every string that came from a scenario or a target (class, phase and replica names, error
 messages) goes through `esc_label` (report/escape.py) before it reaches plotly: plotly renders a
@@ -53,6 +55,9 @@ class Panel:
     note: str = ""  # trusted HTML: one line shown under the title, or instead of the plot when figure is None
     html: str = ""  # trusted HTML shown after the plot (tables)
     lead: str = ""  # trusted HTML shown before the plot (a verdict the plot explains)
+    # Trusted text, set only when the run did not measure what the panel shows ("GPU telemetry"): the
+    # page then names it in its one "Not measured" line (with `note`, which says how to get it) and draws no card.
+    not_measured: str = ""
 
 
 def log_ticks(values) -> dict:
@@ -169,7 +174,9 @@ def streaming_panel(spectra_by_metric: dict[str, dict[str, pd.DataFrame]], compa
     present = [(m, label) for m, label in STREAMING_METRICS
                if spectra_by_metric.get(m) or (compare_with or {}).get(m)]
     if not present:
-        panel.note = "This run recorded no streamed tokens (TTFT, ITL and TPOT come from streaming responses, e.g. protocol: openai with stream: true)."
+        panel.note = ("This run recorded no streamed tokens (TTFT, ITL and TPOT come from streaming responses, e.g. protocol: openai with stream: true)."
+                      if compare_with is None else "Neither run recorded streamed tokens (TTFT, ITL and TPOT come from streaming responses).")
+        panel.not_measured = "token streams (TTFT, ITL, TPOT)"
         return panel
     fig = make_subplots(rows=1, cols=len(present), subplot_titles=[f"{m.upper()}: {label}" for m, label in present],
                         horizontal_spacing=0.08)
@@ -444,7 +451,10 @@ def gpu_panel(telemetry: pd.DataFrame, summary: dict, events: list[dict], base_t
     metrics = {m for frame, *_ in sides if frame is not None for m in frame["metric"].unique()}
     lanes = [m for m in GPU_LANES if m in metrics and not (m == "mem_util_pct" and "mem_bw_util_pct" in metrics)]
     if not lanes:
-        panel.note = "No GPU telemetry in this run." if not compare else "Neither run has GPU telemetry."
+        panel.note = ("No GPU telemetry in this run." if not compare else "Neither run has GPU telemetry.") + (
+            " It comes from NVML on the generator's machine when it has an NVIDIA GPU, or from a DCGM exporter's /metrics "
+            "named under <code>telemetry: prometheus:</code> in the scenario.")
+        panel.not_measured = "GPU telemetry"
         return panel
     titles = []
     for m in lanes:
@@ -497,11 +507,13 @@ def correlation_table(rows: list[dict]) -> str:
 PART_COLORS = {"encode": "#9467bd", "network": "#7f7f7f", "decode": "#e377c2", "other": "#c7c7c7"}
 
 
-def serialization_panel(parts: pd.DataFrame) -> Panel:
+def serialization_panel(parts: pd.DataFrame, compare: bool = False) -> Panel:
+    """Each class's mean request, stacked by part. `compare`: `parts` holds both runs' bars (panels.serialization_both)."""
     panel = Panel("serialization", "Serialization: where a request's time goes")
     if parts is None or parts.empty:
-        panel.note = ("This run recorded no encode/decode or Server-Timing parts (they come from the openai, kserve-v2 and "
+        panel.note = (("Neither run" if compare else "This run") + " recorded no encode/decode or Server-Timing parts (they come from the openai, kserve-v2 and "
                       "kserve-v2-grpc protocols, and from servers that send a Server-Timing header).")
+        panel.not_measured = "encode/decode and Server-Timing parts"
         return panel
     fig = go.Figure()
     labels = {}

@@ -2,7 +2,8 @@
 CDN with cdn=True) that reads top to bottom for someone who was not there — the verdict in one
 sentence, the SLO and percentile tables, then one panel per question (how is the tail shaped, how
 did latency move over time, did the server keep up, where did the time go, was the generator
-healthy), then what was run where.
+healthy), then what was run where. What the run did not measure at all (no streamed tokens, no GPU telemetry…)
+gets no card: one line under the header names it.
 
 The panels are report/panels.py's PANELS (the compare page draws the same list); this module has the
 tables and puts the page together.
@@ -232,6 +233,8 @@ ul.cold{margin:4px 0 8px;padding-left:20px;font-size:14px}ul.cold li.bad b{color
 nav{font-size:13px}nav a{margin-right:12px;color:#1f5fa8;text-decoration:none}
 .plot{width:100%}
 footer{color:#888;font-size:12px;text-align:center}
+details.not-measured{font-size:13px;color:#555;margin:8px 0 0}details.not-measured summary{cursor:pointer}
+details.not-measured ul{margin:4px 0;padding-left:20px}
 """
 
 SCRIPT = """
@@ -294,17 +297,32 @@ def panel_html(panel: Panel) -> str:
     return "".join(body)
 
 
+def not_measured_html(panels: list[Panel], where: str = "this run") -> str:
+    """One line naming every panel the run had nothing for (Panel.not_measured), in page order, that
+    opens to each one's note (why, and how to measure it); "" when every panel has something to show.
+    Its words are trusted text written by the panels, never a target's."""
+    missing = [p for p in panels if p.not_measured]
+    if not missing:
+        return ""
+    items = "".join(f"<li><b>{p.not_measured}</b>: {p.note}</li>" for p in missing)
+    return (f'<details class="not-measured" id="not-measured"><summary>Not measured in {where}: '
+            + ", ".join(p.not_measured for p in missing) + f".</summary><ul>{items}</ul></details>")
+
+
 def page(title: str, header_html: str, body_html: list[str], panels: list[Panel], tail_html: list[str], cdn: bool,
-         css: str = "") -> str:
+         css: str = "", not_measured_in: str = "this run") -> str:
     """The page every report shares: CSS (plus a page's own `css`), plotly.js, the header, then the
-    body, the panels and the tail, and the figures as JSON. `title` and the HTML parts are trusted."""
+    body, the panels and the tail, and the figures as JSON. `title` and the HTML parts are trusted.
+    A panel with nothing to show (Panel.not_measured) gets no card: the header names it instead, in
+    one line under the links to the panels that are drawn ("Not measured in `not_measured_in`: ...")."""
     nav = "".join(f'<a href="#{p.id}">{p.title.split(":")[0]}</a>' for p in panels if p.figure is not None)
+    cards = [p for p in panels if not p.not_measured]
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{title}</title>"
         f"<style>{CSS}{css}</style>{plotly_script(cdn)}</head><body>"
-        f"<header><div class=\"inner\">{header_html}<nav>{nav}</nav></div></header><main>"
-        + "".join(body_html) + "".join(panel_html(p) for p in panels) + "".join(tail_html)
+        f"<header><div class=\"inner\">{header_html}<nav>{nav}</nav>{not_measured_html(panels, not_measured_in)}</div></header><main>"
+        + "".join(body_html) + "".join(panel_html(p) for p in cards) + "".join(tail_html)
         + f"<footer>latscope {esc_html(__version__)}</footer></main>"
         f'<script type="application/json" id="latscope-figures">{figures_json(panels)}</script>'
         f"<script>{SCRIPT}</script></body></html>\n"

@@ -5,7 +5,9 @@ Each entry's `build(run, base)` gathers what its panel needs from latscope.analy
 its figures function: with base None, the single-run panel of `run`; with a base run, the same
 panel with both runs (`run` is then the new one) — overlaid where they share axes (base dashed,
 new solid), side by side where they do not (the cold-start table, the correlation tables). Each
-page wraps every build in html.safe_panel, so one panel that fails is a note, not a lost page.
+page wraps every build in html.safe_panel, so one panel that fails is a note, not a lost page. A build
+whose run (on the compare page: both runs) has nothing for its panel returns it with `not_measured`
+set, and the page names it in one line instead of drawing its card (html.page).
 
 A new panel is one entry here (plus its function in figures.py).
 """
@@ -132,7 +134,7 @@ def serialization_panel(run: RunData, base: RunData | None = None) -> Panel:
     if base is None:
         return figures.serialization_panel(serialization.breakdown(run))
     frame, runs = serialization_both(base, run)
-    panel = figures.serialization_panel(frame)
+    panel = figures.serialization_panel(frame, compare=True)
     if not runs:
         return panel
     panel.title = "Serialization: where a request's time goes, base vs new"

@@ -189,6 +189,8 @@ def sessions_panel(sessions: pd.DataFrame, turns: pd.DataFrame, timeline: pd.Dat
             panel.note = ("This run had no chat sessions and its server reported no prefix-cache hits (sessions come from a "
                           "class's <code>session:</code>; cached tokens from an OpenAI-style server's usage)."
                           if not compare else "Neither run had chat sessions or prefix-cache hits reported by the server.")
+            if not panel.lead:  # a closed-loop statement is something to show: keep the card for it
+                panel.not_measured = "chat sessions and prefix cache"
             return panel
         panel.note = ("No session turns to plot." if tables else
                       "No chat sessions" + (" in either run" if compare else " in this run") + "; the server reported cached prompt "

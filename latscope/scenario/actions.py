@@ -3,15 +3,13 @@ an HTTP call, a restart of the launched target); latscope/run/actions.py carries
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any, Sequence
 
 from pydantic import ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from latscope.scenario.base import (NAME_RE, SECRET_BY_NAME, URL_CREDENTIALS, DataPath, Duration, Headers, Model,
                                     PositiveDuration, ProblemAt, ProcessText, check_http_url, check_method)
-
-if TYPE_CHECKING:
-    from latscope.scenario.schema import Scenario
+from latscope.scenario.phases import Phase
 
 
 class ActionWhen(Model):
@@ -97,14 +95,16 @@ class Action(Model):
         return {k: v for k, v in handler(self).items() if k not in unset or v != unset[k]}
 
 
-def check_actions(scenario: Scenario) -> None:
-    """Each action has one time and one kind, names a phase that exists, can restart a target, and
-    falls inside the planned run. Problems name the field they are about."""
-    phases = [p.name for p in scenario.phases]
-    durations = [p.duration for p in scenario.phases]
-    starts = {p.name: sum(durations[:i]) if None not in durations[:i] else None for i, p in enumerate(scenario.phases)}
+def check_actions(actions: Sequence[Action], phases: Sequence[Phase], launched: bool) -> None:
+    """Each of a scenario's `actions` has one time and one kind, names one of its `phases`, can restart
+    a target (`launched`: the scenario launches one), and falls inside the planned run. Problems name
+    the field they are about. (It takes the parts it checks, not the Scenario, so that this module
+    never imports schema.py, which imports it.)"""
+    names = [p.name for p in phases]
+    durations = [p.duration for p in phases]
+    starts = {p.name: sum(durations[:i]) if None not in durations[:i] else None for i, p in enumerate(phases)}
     total = None if None in durations else sum(durations)
-    for i, action in enumerate(scenario.actions):
+    for i, action in enumerate(actions):
         where: DataPath = ("actions", i)
         if action.at is not None and action.when is not None:
             raise ProblemAt((*where, "when"), "give `at` (seconds from the run's start) or `when` (a phase start), not both")
@@ -116,10 +116,10 @@ def check_actions(scenario: Scenario) -> None:
             raise ProblemAt(where, f"give exactly one of command, http or restart: true ({got})")
         if (action.env or action.cwd is not None) and action.command is None:
             raise ProblemAt((*where, "env" if action.env else "cwd"), "env and cwd apply to a command action only")
-        if action.restart and scenario.target.launch is None:
+        if action.restart and not launched:
             raise ProblemAt((*where, "restart"), "restart needs a launched target (target.launch); this scenario has none")
-        if action.when is not None and action.when.phase not in phases:
-            raise ProblemAt((*where, "when", "phase"), f"{action.when.phase!r} is not a phase (known: {', '.join(phases)})")
+        if action.when is not None and action.when.phase not in names:
+            raise ProblemAt((*where, "when", "phase"), f"{action.when.phase!r} is not a phase (known: {', '.join(names)})")
         planned = action.at if action.at is not None else (
             None if starts[action.when.phase] is None else starts[action.when.phase] + action.when.after)
         if total is not None and planned is not None and planned > total:

@@ -83,7 +83,7 @@ class Scenario(Model):
 
     @model_validator(mode="after")
     def _actions_fit(self) -> Scenario:
-        check_actions(self)
+        check_actions(self.actions, self.phases, launched=self.target.launch is not None)
         return self
 
     @field_validator("slos")

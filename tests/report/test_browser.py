@@ -143,11 +143,13 @@ def test_report_in_chromium(runs, browser, tmp_path):
     state = _check_page(browser, clean / "report.html", tmp_path / "report.png")
     assert state["errors"] == []
     ids = {p["id"] for p in state["plots"]}
-    # Every panel this run has data for is drawn; GPU (no telemetry on this run) says so in one line.
+    # Every panel this run has data for is drawn; what it did not measure (GPU telemetry, sessions) has no card,
+    # and the header names it in one line.
     assert {"plot-spectrum", "plot-latency-time", "plot-load-time", "plot-streaming", "plot-serialization",
             "plot-generator"} <= ids, ids
     assert all(p["svg"] > 0 and p["traces"] > 0 for p in state["plots"]), state["plots"]
-    assert "gpu" in state["omitted"] and "No GPU telemetry in this run." in state["text"]
+    assert "gpu" not in state["omitted"] and "Not measured in this run: chat sessions and prefix cache, GPU telemetry." in state["text"]
+    assert state["page"].evaluate("document.querySelector('#gpu, #sessions')") is None
     assert "2 of 3 SLOs met" in state["text"]
     # The target's HTML error page is shown as text.
     assert "<h1>Internal Server Error</h1>" in state["text"] and state["xss"] is None
@@ -189,10 +191,10 @@ def test_compare_in_chromium(runs, browser, tmp_path):
     state = _check_page(browser, tmp_path / "compare.html", tmp_path / "compare.png")
     assert state["errors"] == [] and state["xss"] is None and state["injected"] == 0
     ids = {p["id"] for p in state["plots"]}
-    # Every panel of the report, with both runs (GPU: neither run has telemetry, so it says so in one line).
+    # Every panel of the report, with both runs (GPU: neither run has telemetry, so the header's line names it).
     assert {"plot-spectrum", "plot-latency-time", "plot-load-time", "plot-streaming", "plot-coldstart",
             "plot-serialization", "plot-generator"} <= ids, ids
     assert all(p["svg"] > 0 and p["traces"] > 0 for p in state["plots"]), state["plots"]
-    assert "gpu" in state["omitted"] and "Neither run has GPU telemetry." in state["text"]
+    assert "gpu" not in state["omitted"] and "Not measured in either run: chat sessions and prefix cache, GPU telemetry." in state["text"]
     assert "→" in state["text"]  # base → new cells of the delta table
     assert "server.queue" in state["text"] and "send lag" in state["text"]  # the delta table covers every metric

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -24,6 +25,7 @@ from latscope.analysis.run_data import load_run
 from latscope.analysis.compare import percentile_deltas
 from latscope.report import write_compare, write_report
 from latscope.report import html as report_html
+from latscope.report.compare import compare_html
 from latscope.report.html import headline, script_json
 from latscope.report.markdown import md, summary_markdown
 from latscope.run import run_scenario
@@ -57,10 +59,60 @@ def test_run_writes_report_and_summary_md(run_dir):
     assert "p99 latency" in html and "1 of 1 SLOs met" in html
     assert html.count("<script") == 3 and "Plotly" in html  # plotly.js embedded once: no network needed
     assert 'id="plot-spectrum"' in html and 'id="plot-load-time"' in html
-    # No telemetry in this run: the GPU section says so in one line instead of an empty plot.
-    assert "No GPU telemetry in this run." in html and 'id="plot-gpu"' not in html
+    # No telemetry in this run: no GPU card, the header's "not measured" line names it instead.
+    assert "No GPU telemetry in this run." in html and 'id="plot-gpu"' not in html and '<section id="gpu">' not in html
     markdown = (run_dir / "summary.md").read_text()
     assert "1 of 1 SLOs met" in markdown and "| latency | all |" in markdown and "Full report: `report.html`" in markdown
+
+
+DATA_RUNS = REPO / "tests" / "data"
+
+
+def _not_measured(page: str) -> str:
+    """The header's one "Not measured in …: …." line (its summary), "" when the page has none."""
+    start = page.find('<details class="not-measured" id="not-measured"><summary>')
+    return "" if start < 0 else page[page.index("<summary>", start) + len("<summary>"):page.index("</summary>", start)]
+
+
+def _cards(page: str) -> list[str]:
+    return re.findall(r'<section id="([^"]+)">', page)
+
+
+def test_panels_the_run_did_not_measure_collapse_into_one_line(run_dir):
+    """A plain HTTP run (no streamed tokens, no sessions, no GPU telemetry, no Server-Timing parts): no card for
+    those panels, one line in the header naming them in page order, each opening to how it is measured."""
+    page = report_html.report_html(load_run(run_dir))
+    assert _not_measured(page) == ("Not measured in this run: token streams (TTFT, ITL, TPOT), chat sessions and prefix cache, "
+                                   "GPU telemetry, encode/decode and Server-Timing parts.")
+    assert page.count('id="not-measured"') == 1 and page.index('id="not-measured"') < page.index("</header>")
+    assert {"streaming", "sessions", "gpu", "serialization"}.isdisjoint(_cards(page)), _cards(page)
+    assert {"spectrum", "latency-time", "load-time", "coldstart", "generator"} <= set(_cards(page))  # what it has: cards
+    assert not {"#streaming", "#sessions", "#gpu", "#serialization"} & set(re.findall(r'href="(#[^"]+)"', page))
+    assert "e.g. protocol: openai with stream: true" in page  # why each is missing, inside the line
+
+
+def test_a_run_with_streams_has_their_card_and_the_line_leaves_them_out():
+    page = report_html.report_html(load_run(DATA_RUNS / "run_f16f211"))  # an OpenAI-style streamed run, no sessions
+    assert "streaming" in _cards(page) and 'id="plot-streaming"' in page and 'href="#streaming"' in page
+    line = _not_measured(page)
+    assert line == "Not measured in this run: chat sessions and prefix cache, GPU telemetry."
+    assert "sessions" not in _cards(page) and "gpu" not in _cards(page)
+    page = report_html.report_html(load_run(DATA_RUNS / "run_sessions"))
+    assert {"streaming", "sessions"} <= set(_cards(page)) and _not_measured(page) == "Not measured in this run: GPU telemetry."
+
+
+def test_compare_leaves_a_panel_out_only_when_neither_run_has_it(run_dir):
+    plain, streamed = load_run(run_dir), load_run(DATA_RUNS / "run_f16f211")
+    page, _ = compare_html(plain, streamed)
+    # the streamed run has streams and encode/decode parts: those cards stay, drawn with its data
+    assert {"streaming", "serialization"} <= set(_cards(page)) and 'id="plot-streaming"' in page
+    assert _not_measured(page) == "Not measured in either run: chat sessions and prefix cache, GPU telemetry."
+    assert "Neither run has GPU telemetry." in page and "gpu" not in _cards(page)
+    page, _ = compare_html(load_run(DATA_RUNS / "run_sessions"), plain)
+    assert "sessions" in _cards(page) and _not_measured(page) == "Not measured in either run: GPU telemetry."
+    page, _ = compare_html(plain, plain)
+    assert {"streaming", "sessions", "gpu", "serialization"}.isdisjoint(_cards(page))
+    assert _not_measured(page).startswith("Not measured in either run: token streams (TTFT, ITL, TPOT), ")
 
 
 def test_report_and_summary_md_show_goodput(run_dir):

@@ -115,15 +115,19 @@ def test_sample_run_report_shows_sessions_turns_hit_rate_and_timeline():
     assert all(t.get("line", {}).get("dash") is None for t in traces.values())  # one run: nothing dashed
 
 
-def test_an_old_run_still_renders_and_its_sessions_panel_is_one_line():
+def test_an_old_run_still_renders_and_its_sessions_panel_is_named_in_the_not_measured_line():
     page = report_html(load_run(OLD_RUN))
-    section = _section(page)
-    assert '<p class="omitted">This run had no chat sessions and its server reported no prefix-cache hits' in section
+    assert '<section id="sessions">' not in page  # no card: the header's one line names it, with why
+    line = page[page.index('<details class="not-measured"'):page.index("</details>", page.index('<details class="not-measured"'))]
+    assert "<summary>Not measured in this run: chat sessions and prefix cache," in line
+    assert "<li><b>chat sessions and prefix cache</b>: This run had no chat sessions and its server reported no prefix-cache hits" in line
     assert "plot-sessions" not in page and 'href="#sessions"' not in page
     assert "could not be drawn" not in page and 'id="plot-spectrum"' in page
     _parse(page)
     page, _ = compare_html(load_run(OLD_RUN), load_run(OLD_RUN))
-    assert "Neither run had chat sessions or prefix-cache hits" in _section(page) and "plot-sessions" not in page
+    assert "<summary>Not measured in either run: chat sessions and prefix cache," in page
+    assert "Neither run had chat sessions or prefix-cache hits" in page and '<section id="sessions">' not in page
+    assert "plot-sessions" not in page
 
 
 # -- compare -------------------------------------------------------------------------------------
