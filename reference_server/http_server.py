@@ -62,6 +62,14 @@ class V2Routes:
     async def server_metadata(self, request: web.Request) -> web.Response:
         return web.json_response({"name": SERVER_NAME, "version": __version__, "extensions": ["binary_tensor_data"]})
 
+    async def models(self, request: web.Request) -> web.Response:
+        """The models served: `GET /v2/models` ({"models": [...]}, as KServe's model servers answer) and
+        Triton's repository index (`POST /v2/repository/index`), so a client (`latscope init`) can
+        find the model's name without being told it."""
+        if request.method == "POST":
+            return web.json_response([{"name": self.model.name, "version": v2.MODEL_VERSION, "state": "READY"}])
+        return web.json_response({"models": [self.model.name]})
+
     def _unknown(self, request: web.Request) -> web.Response | None:
         name = request.match_info["name"]
         if name == self.model.name:
@@ -158,6 +166,8 @@ def make_app(model: ServedModel, metrics: Metrics, *, max_body_bytes: int, extra
     app.router.add_get("/v2/health/live", routes.live)
     app.router.add_get("/v2/health/ready", routes.ready)
     app.router.add_get("/v2", routes.server_metadata)
+    app.router.add_get("/v2/models", routes.models)
+    app.router.add_post("/v2/repository/index", routes.models)
     app.router.add_get("/v2/models/{name}", routes.model_metadata)
     app.router.add_get("/v2/models/{name}/ready", routes.model_ready)
     app.router.add_post("/v2/models/{name}/infer", routes.infer)

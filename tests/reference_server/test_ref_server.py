@@ -106,6 +106,9 @@ def test_metadata_and_health(server):
     for path in ("/v2/health/live", "/v2/health/ready", f"/v2/models/{MODEL}/ready", "/v2"):
         status, headers, _ = http("GET", server.url + path)
         assert status == 200 and headers["X-Replica-Id"]
+    assert json.loads(http("GET", f"{server.url}/v2/models")[2]) == {"models": [MODEL]}
+    assert json.loads(http("POST", f"{server.url}/v2/repository/index", b"{}")[2]) == [
+        {"name": MODEL, "version": "1", "state": "READY"}]
 
 
 def test_server_timing_parts_fit_in_the_client_measured_time(server):
