@@ -69,14 +69,13 @@ def _run_gate(results_dir: Path, baseline: Path | None, slo_file: Path | None, j
     """Evaluate the gate, print why, write the requested reports; the exit code."""
     import os
 
-    from latscope.analysis.capacity_gate import capacity_gate, is_capacity_dir
-    from latscope.analysis.gate import gate as evaluate_gate
+    from latscope.api import open_results
     from latscope.scenario.gate_file import load_gate_file
     from latscope.report.gate_output import github_annotations, junit_xml, markdown as gate_markdown, text_table
 
     try:
-        evaluate = capacity_gate if is_capacity_dir(results_dir) else evaluate_gate
-        result = evaluate(results_dir, baseline, load_gate_file(slo_file))
+        gate_file = load_gate_file(slo_file)  # first: a bad gate file is reported before a bad directory
+        result = open_results(results_dir).gate(baseline, gate_file)  # a capacity directory is gated on its answer
     except (ScenarioError, ResultsError) as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
     click.echo(text_table(result))
@@ -161,9 +160,8 @@ def run(scenario_file: Path, out: Path | None, overrides: tuple[str, ...], worke
     make_pool = None
     try:
         with guarded() as stop:  # the whole command, the imports too (latscope.interrupt)
+            from latscope.api import load_scenario, run_scenario
             from latscope.console import ProgressDisplay, print_summary
-            from latscope.run import run_scenario
-            from latscope.scenario import load_scenario
 
             scenario = load_scenario(scenario_file, overrides)
             if distributed and relay_fd is None:
@@ -184,12 +182,12 @@ def run(scenario_file: Path, out: Path | None, overrides: tuple[str, ...], worke
         _fail(str(exc), EXIT_BAD_INPUT)
     except (RunError, LatscopeError) as exc:
         _fail(str(exc), EXIT_RUN_ERROR, scenario)
-    print_summary(console, result.summary, result.run_dir)
-    if (result.run_dir / "report.html").exists():
-        console.print(f"report: {result.run_dir / 'report.html'}", highlight=False, soft_wrap=True)
+    print_summary(console, result.summary, result.path)
+    if (result.path / "report.html").exists():
+        console.print(f"report: {result.path / 'report.html'}", highlight=False, soft_wrap=True)
     if run_gate:
-        sys.exit(_run_gate(result.run_dir, baseline, slo_file, junit, markdown))  # a partial run gates as invalid (4)
-    sys.exit(EXIT_RUN_ERROR if result.summary["partial"] else EXIT_OK)
+        sys.exit(_run_gate(result.path, baseline, slo_file, junit, markdown))  # a partial run gates as invalid (4)
+    sys.exit(EXIT_RUN_ERROR if result.partial else EXIT_OK)
 
 
 # `latscope run` options the Locust master's coordinator gets as they were given (--latscope-run-args)
@@ -284,27 +282,23 @@ def capacity(scenario_file: Path, out: Path | None, precision: float, min_rate: 
     each step an ordinary results directory under OUT/steps/, and writes OUT/capacity.json and
     OUT/capacity.html. Exit codes: 0 capacity found, 1 the SLOs fail even at the lowest rate,
     2 bad input, 4 stopped without an answer (generator limit, inconclusive, --max-steps, interrupted)."""
-    import time
-
-    from latscope.capacity import CapacityOptions, find_capacity
+    from latscope.api import find_capacity, load_scenario
     from latscope.console import CapacityDisplay, print_capacity
-    from latscope.results import create_run_dir
-    from latscope.scenario import load_scenario
 
     console = Console() if sys.stdout.isatty() else Console(width=120)
-    options = CapacityOptions(precision, min_rate, max_rate, max_steps, step_duration, confidence, price_per_hour, workers)
+    options = dict(precision=precision, min_rate=min_rate, max_rate=max_rate, max_steps=max_steps,
+                   step_duration_s=step_duration, confidence=confidence, price_per_hour=price_per_hour, workers=workers)
     scenario = None
     try:
         scenario = load_scenario(scenario_file, overrides)
-        out = create_run_dir(scenario.output.dir, f"{scenario.name}-capacity", time.time(), out)
         with CapacityDisplay(console, live=not quiet) as display:
-            document = find_capacity(scenario, out, options, on_step=display.on_step, on_progress=display)
+            found = find_capacity(scenario, out=out, on_step=display.on_step, on_progress=display, **options)
     except ScenarioError as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
     except LatscopeError as exc:
         _fail(str(exc), EXIT_RUN_ERROR, scenario)
-    print_capacity(console, document, out)
-    sys.exit(document["exit_code"])
+    print_capacity(console, found.document, found.path)
+    sys.exit(found.exit_code)
 
 
 @main.command()
@@ -355,6 +349,55 @@ def validate(scenario_file: Path, overrides: tuple[str, ...]) -> None:
 
 
 @main.command()
+@click.argument("url", required=False)
+@click.option("-o", "--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), default="latscope.yaml",
+              show_default=True, help="The scenario file to write.")
+@click.option("--use-case", metavar="NAME", help="Start from a use-case preset (fraud_scoring, streaming_chat, ...), "
+              "pointed at URL.")
+@click.option("--protocol", type=click.Choice(["openai", "kserve-v2", "kserve-v2-grpc", "http"]),
+              help="The protocol to write, when the endpoint speaks several (the reference server: openai and "
+              "kserve-v2) or was not to be probed. Without a URL: what the reference server is sent (default openai).")
+@click.option("--model", help="The model to send requests to (default: the first the server lists).")
+@click.option("--force", is_flag=True, help="Overwrite the file if it exists.")
+def init(url: str | None, out_file: Path, use_case: str | None, protocol: str | None, model: str | None,
+         force: bool) -> None:
+    """Write a commented starter scenario for the endpoint at URL.
+
+    URL is probed with short requests (2 s each, to that host and port only): OpenAI's GET
+    /v1/models, KServe v2's GET /v2/health/ready, /v2 and the model's metadata (its inputs); a
+    grpc:// URL (or a port answering HTTP/2) is asked KServe v2 gRPC ServerMetadata and
+    ModelMetadata; anything else that answers HTTP gets a plain-HTTP starter. The starter has a
+    3 s warm-up, 30 s of Poisson traffic at a modest rate and placeholder SLOs; its first lines say
+    what to change first. Without URL, the starter launches latscope's reference server.
+
+    A dead port, a timeout or a port speaking something else is a warning, not an error: a
+    plain-HTTP starter to URL is still written (exit 0). A user and password in URL are used for the
+    probe only: the file reads them from $TARGET_USER and $TARGET_PASSWORD.
+
+    Exit codes: 0 written (with or without a warning); 2 bad input (an unknown --use-case, a URL that
+    is not http(s):// or grpc(s)://, the file exists without --force).
+    """
+    from latscope.init import check_options, make_starter, write_starter
+
+    try:
+        check_options(url, use_case, protocol, model)
+        if out_file.exists() and not force:  # before probing: say it at once
+            raise ScenarioError(f"{out_file} exists already: pass --force to overwrite it, or -o to write another file")
+        starter = make_starter(url, use_case=use_case, protocol=protocol, model=model, file_name=str(out_file))
+        write_starter(starter, out_file, force=force)
+    except ScenarioError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    console = Console(stderr=True)
+    if starter.warning:
+        console.print(f"[bold yellow]warning:[/] {escape(starter.warning)}", highlight=False, soft_wrap=True)
+    for note in starter.notes:
+        click.echo(f"  {note}")
+    click.echo(f"wrote {out_file}: {starter.protocol} to {starter.url}" + (f", model {starter.model}" if starter.model else ""))
+    click.echo(f"next: edit what its first lines say to change, then\n  latscope validate {shlex.quote(str(out_file))}\n"
+               f"  latscope run {shlex.quote(str(out_file))}")
+
+
+@main.command()
 def schema() -> None:
     """Print the scenario JSON Schema (for editor completion)."""
     from latscope.scenario import scenario_json_schema
@@ -380,19 +423,19 @@ _cdn_option = click.option("--cdn", is_flag=True, help="Load plotly.js from its 
 def report(results_dir: Path, out: Path | None, cdn: bool) -> None:
     """Write the HTML report and summary.md of RESULTS_DIR (of a capacity directory: its capacity.html)."""
     from latscope.analysis.capacity_gate import is_capacity_dir
-    from latscope.report import write_capacity_page, write_report
+    from latscope.api import open_results
 
     if is_capacity_dir(results_dir):
         if out is not None:  # its links to steps/ are relative: the page lives beside them
             _fail(f"{results_dir} is a capacity directory: its page is written as {results_dir}/capacity.html, next to "
                   "the steps it links to (leave out -o)", EXIT_BAD_INPUT)
         try:
-            click.echo(f"capacity page: {write_capacity_page(results_dir, cdn=cdn)}")
+            click.echo(f"capacity page: {open_results(results_dir).report(cdn=cdn)}")
         except LatscopeError as exc:
             _fail(str(exc), EXIT_BAD_INPUT)
         return
     try:
-        html_path, md_path = write_report(_results_dir(results_dir), out, cdn=cdn)
+        html_path, md_path = open_results(_results_dir(results_dir)).report(out, cdn=cdn)
     except LatscopeError as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
     except OSError as exc:  # -o in a folder that cannot be written, a full disk

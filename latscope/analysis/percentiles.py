@@ -61,3 +61,19 @@ def interval_percentiles(run: RunData, metric: str = "latency", cls: str = "all"
     for column in INTERVAL_COLUMNS[3:]:
         frame[column] = rows[column].to_numpy() if column in rows else None
     return frame
+
+
+def percentile_ms(run: RunData, metric: str, q: float, cls: str = "all") -> float:
+    """The q-th percentile (0 to 100) of `metric` for `cls`, in ms, over the measured intervals merged
+    losslessly from histograms.hlog, with the summary's semantics (recorder.values_at): any q, not
+    only the summary's ladder (p99.99 of a long run, say); the spectrum's value at its own points.
+    Warm-up is left out by interval, as everywhere in analysis (run_data.py): without a warm-up phase
+    this is summary.json's p99_ms at q = 99 to the µs; with one it can differ a little, since the
+    summary leaves out exactly the warm-up's values. NaN when the class recorded nothing."""
+    intervals = metric_intervals(run, metric).get(cls)
+    if intervals is None:
+        return float("nan")
+    h = intervals.merged(~run.is_warmup(intervals.start_s))
+    if h.get_total_count() == 0:
+        return float("nan")
+    return values_at(h, [q])[q] / 1000

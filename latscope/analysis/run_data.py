@@ -151,12 +151,27 @@ def load_run(path: str | Path, summary: dict | None = None) -> RunData:
     nodes.parquet) gives an empty one. `summary`: the run's summary when summary.json is not written
     yet (a run analyses its own cold starts before writing it)."""
     path = Path(path)
-    if not path.is_dir():
-        raise ResultsError(f"{path}: not a results directory (no such directory)")
     if summary is None:
-        summary = _summary(path / results.SUMMARY)
+        summary = read_summary(path)
+    elif not path.is_dir():
+        raise ResultsError(f"{path}: not a results directory (no such directory)")
     return RunData(path, summary, _events(path / results.EVENTS), _timeseries(path / results.TIMESERIES),
                    _telemetry(path / results.TELEMETRY), _nodes(path / results.NODES))
+
+
+def read_summary(path: str | Path) -> dict:
+    """The summary.json of the results directory at `path`, checked as load_run checks it (the same
+    ResultsError), reading nothing else: what opening a directory costs before its data is needed."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ResultsError(f"{path}: not a results directory (no such directory)")
+    return _summary(path / results.SUMMARY)
+
+
+def optional_table(path: Path) -> pd.DataFrame | None:
+    """A parquet file a run may not have written (schedule.parquet when output.save_schedule is off):
+    None when it is absent, ResultsError naming it when it is unreadable."""
+    return _parquet(path) if path.exists() else None
 
 
 def _summary(path: Path) -> dict:

@@ -60,18 +60,19 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
     return scenario
 
 
-def scenario_from_dict(data: dict, source: str = "<dict>") -> Scenario:
-    """A scenario from already-parsed data (programmatic use, tests). `source` labels error messages.
+def scenario_from_dict(data: dict, source: str = "<dict>", overrides: Sequence[str] = ()) -> Scenario:
+    """A scenario from already-parsed data (programmatic use: latscope.api, tests). `source` labels
+    error messages; `overrides` are applied as `--set` ones are to a file (and named in errors so).
 
     Interpolation and error messages are as for a file, without line numbers. Relative paths resolve
-    against the current directory. A missing name becomes "scenario".
+    against the current directory. A missing name becomes "scenario". `data` is not changed.
     """
     if not isinstance(data, dict):
         raise ScenarioError(f"{source}: a scenario must be a mapping of fields; found {_yaml_type(data)}")
-    data = _copy_tree(data)
+    data, set_by = _apply_overrides(data, overrides)  # a copy, even without overrides
     if data.get("name") is None:
         data["name"] = "scenario"
-    return _build(data, _Origin(source))
+    return _build(data, _Origin(source, set_by=set_by))
 
 
 def _build(data: dict, origin: _Origin) -> Scenario:
