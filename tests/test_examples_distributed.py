@@ -436,15 +436,16 @@ def test_dockerfile_copies_what_exists() -> None:
         assert (REPO / source).exists(), f"COPY {source}: not in the build context (the repository root)"
 
 
-def test_dockerfile_installs_the_distributed_extra() -> None:
-    """The extra the image installs is one pyproject.toml defines (pip only warns on a misspelled one),
-    and it brings Locust."""
+def test_dockerfile_installs_the_distributed_and_server_extras() -> None:
+    """The extras the image installs are ones pyproject.toml defines (pip only warns on a misspelled one):
+    Locust for the master and workers, ONNX Runtime for the reference server the `target` service runs."""
     installs = [args for instruction, args in dockerfile() if instruction == "RUN" and "pip install" in args]
     extras = {name for args in installs for group in re.findall(r"\.\[([\w,-]+)\]", args) for name in group.split(",")}
-    assert extras == {"distributed"}
+    assert extras == {"distributed", "server"}
     defined = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert "distributed" in defined, "pyproject.toml has no [project.optional-dependencies] distributed"
     assert any(re.match(r"locust\b", req) for req in defined["distributed"])
+    assert any(re.match(r"onnxruntime\b", req) for req in defined["server"])
 
 
 # Run in a subprocess: importing locust monkey-patches the standard library (gevent) for good.
