@@ -59,7 +59,7 @@ def test_capacity_page_in_chromium(browser, tmp_path):
 
 
 def test_capacity_page_screenshot_helper(tmp_path):
-    """docs/capacity_screenshot.py's `screenshot`, which makes the README's picture."""
+    """docs/capacity_screenshot.py's `screenshot`, which makes docs/capacity.md's picture."""
     _need_chromium()
     spec = importlib.util.spec_from_file_location("capacity_screenshot", REPO / "docs" / "capacity_screenshot.py")
     module = importlib.util.module_from_spec(spec)
