@@ -364,7 +364,7 @@ def init(url: str | None, out_file: Path, use_case: str | None, protocol: str | 
     """Write a commented starter scenario for the endpoint at URL.
 
     URL is probed with short requests (2 s each, to that host and port only): OpenAI's GET
-    /v1/models, KServe v2's GET /v2/health/ready, /v2 and the model's metadata (its inputs); a
+    /v1/models, KServe v2's GET /v2/health/ready, /v2, /v2/models and the model's metadata (its inputs); a
     grpc:// URL (or a port answering HTTP/2) is asked KServe v2 gRPC ServerMetadata and
     ModelMetadata; anything else that answers HTTP gets a plain-HTTP starter. The starter has a
     3 s warm-up, 30 s of Poisson traffic at a modest rate and placeholder SLOs; its first lines say
