@@ -34,12 +34,15 @@ per request):
   none is; 0 for a start that is not cold): how long users met a cold target. Unlike time to
   steady, a later bump (the load rising on a ramp, a noisy neighbour) does not stretch it; *affected requests* are those
   in the intervals that start within it.
-- *Cold*: the first N's p50 more than 1.5 × the steady p50 (a slow first stretch), or their max more
-  than 1.5 × the steady max (a few requests that waited for a model load, slower than anything the
-  steady state came near: often only the first one or two requests pay a load, and the p50 of
-  the first N then hides it). If the first N and the M steady requests were alike (exchangeable),
-  the first N would hold the largest of all of them with probability N / (N + M), and exceed it by
-  half again far more rarely; `cold_by` says which rule fired.
+- *Cold*: the first N's p50 more than 1.5 × the steady p50 (a slow first stretch), or the max of the
+  start's own interval (its first with a value) more than 1.5 × the steady max (a few requests
+  that waited for a model load, slower than anything the steady state came near: often only the
+  first one or two requests pay a load, and the p50 of the first N then hides it). The start's own
+  interval, because a load delays the first requests, while a busy box stalls one request now and
+  then at any time: with a heavy tail the largest of the first N exceeds the largest of the M steady
+  ones by half again far more often than if they were alike (a pre-warmed replica was once called
+  cold for one 194 ms request 1.3 s after its first, against a steady max of 112 ms, while its peer
+  had 136 ms ones). `cold_by` says which rule fired.
 - *Peers*: a replica is judged against its peers. Starting a replica costs the machine CPU
   (imports, model load, warm-up) and slows every replica for a while; when the other replicas' p50
   over the new one's first window was s times their own p50 over its steady span
@@ -77,7 +80,8 @@ def cold_starts(run: RunData, first_n: int = FIRST_N) -> list[dict]:
      "time_to_steady_s": seconds from at_s until the interval p50 stays within 20% of steady (None if never;
                          "interval": a window of at least N requests, see the module docstring),
      "slow_for_s", "suffered_s", "affected_requests" (see the module docstring),
-     "cold": bool (first p50 > 1.5 × steady p50, or first max > 1.5 × steady max), "cold_by": "p50" | "max" | None}
+     "cold": bool (first p50 > 1.5 × steady p50, or the start's own interval's max > 1.5 × steady max),
+     "cold_by": "p50" | "max" | None}
     Warm-up phases are analysed too (cold starts often happen there) and flagged "warmup": True.
     Also: "metric", "class", "warmup", "first_until_s" (end of the first-N intervals),
     "steady_from_s" (start of the steady intervals, None without a steady state) and, for a
@@ -157,7 +161,7 @@ def _analyse(intervals: ClassIntervals, at_s: float, end_s: float, first_n: int,
         ratio = COLD_RATIO * max(1.0, shared)
         if first["p50_ms"] > ratio * steady_p50:
             entry["cold_by"] = "p50"
-        elif first["max_ms"] > ratio * steady["max_ms"]:
+        elif intervals.span_percentile(100.0, positions[0], positions[0]) > ratio * steady["max_ms"] * 1000:
             entry["cold_by"] = "max"
         entry["cold"] = entry["cold_by"] is not None
         windows = _windows(totals, first_n)

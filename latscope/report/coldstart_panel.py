@@ -152,6 +152,7 @@ def coldstart_panel(events: list[dict], series: dict[tuple[str, str], pd.DataFra
                   "green: its median; dashed blue: the steady p50; shaded: the stretch users suffered — until the p50 of each "
                   "window of N requests stays within 20% of steady and no interval's max is over 1.5× the steady max. "
                   "<i>First request</i> is the very first response measured on its own (the replica's first, the first after "
-                  "idle); a change is cold when its first requests were over 1.5× the steady p50, or its slowest over 1.5× the steady max."
+                  "idle); a change is cold when its first requests were over 1.5× the steady p50, or the slowest of its first interval over "
+                  "1.5× the steady max."
                   + (" Each run's change is drawn on a clock that starts at its cause; base dashed, new solid." if compare else ""))
     return panel

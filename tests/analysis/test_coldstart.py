@@ -101,12 +101,13 @@ def test_first_n_merges_whole_intervals(run):
     assert {s["label"]: s for s in cold_starts(run)}["r1_two_x"]["first_count"] == 20
 
 
-def one_slow_first(slow_ms: int, steady_outlier_ms: int):
+def one_slow_first(slow_ms: int, steady_outlier_ms: int, slow_in: int = 1):
     """A replica whose very first request waited `slow_ms` (a model load), then 10 ms; one steady
-    request late in the run takes `steady_outlier_ms`."""
+    request late in the run takes `steady_outlier_ms`. With `slow_in` > 1 the slow request is the
+    first of that interval instead (the replica's first is interval 1)."""
     def record(k, rec, phase):
         values = [10 * MS] * 10
-        if k == 1:
+        if k == slow_in:
             values[0] = slow_ms * MS
         if k == 8:
             values[0] = steady_outlier_ms * MS
@@ -128,6 +129,17 @@ def test_a_single_slow_first_request_is_cold_by_max(tmp_path, slow_ms, outlier_m
     assert replica["steady_max_ms"] == hdr_ms([outlier_ms * MS])["max_ms"]
     assert (replica["cold_by"], replica["cold"]) == (cold_by, cold_by is not None)
 
+
+def test_one_slow_request_after_the_first_interval_is_not_cold_by_max(tmp_path):
+    """The same 250 ms request, in the replica's second interval (still among its first 20 requests),
+    after a first interval as fast as its steady state: a load delays the first requests, a busy box
+    stalls one at any time (a pre-warmed replica was called cold for one such request)."""
+    path = write_run(tmp_path / "run", [("main", 0.0, 10.0, False)], one_slow_first(250, 20, slow_in=2),
+                     events=[{"event": "replica_first_seen", "t_s": 1.0, "replica": "r1"}])
+    (replica,) = [s for s in cold_starts(load_run(path), first_n=20) if s["kind"] == "replica"]
+    assert replica["first_count"] == 20 and replica["first_max_ms"] == hdr_ms([250 * MS])["max_ms"]
+    assert replica["steady_max_ms"] == hdr_ms([20 * MS])["max_ms"] and replica["slowdown_p50"] == 1.0
+    assert (replica["cold_by"], replica["cold"]) == (None, False)
 
 
 def test_capacity_events_say_how_long_and_how_badly_in_time_order():

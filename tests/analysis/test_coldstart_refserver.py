@@ -12,6 +12,7 @@ real reference server that they launch, must put what happened into summary.json
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -39,6 +40,16 @@ def _run(name: str, tmp_path, *overrides: str) -> tuple[dict, list[dict]]:
     return result.summary, read_events(result.run_dir)
 
 
+def _server_says(out, replica: str) -> tuple[float | None, list[str]]:
+    """What the server logged (the run's target.log) about `replica`: how long it took from its process
+    start to taking connections (None: not before the run ended), and why it loaded its model, at each
+    load ("prewarm": before it took traffic; "first_request": a request waited for it)."""
+    (log,) = out.glob("*/target.log")
+    text, name = log.read_text(), re.escape(replica)
+    ready = re.search(rf"replica {name} ready ([0-9.]+) s after start", text)
+    return (float(ready.group(1)) if ready else None), re.findall(rf"\[{name}\] .*model \S+ loaded \((\w+)\) in", text)
+
+
 @pytest.fixture
 def admin_token(monkeypatch):
     monkeypatch.setenv("LATSCOPE_REF_ADMIN_TOKEN", TOKEN)  # the server and the action both read it
@@ -48,21 +59,39 @@ def admin_token(monkeypatch):
 def test_a_replica_added_mid_ramp_is_cold_without_prewarm_and_not_with_it(tmp_path, monkeypatch, admin_token, prewarm):
     monkeypatch.setenv("PREWARM", "--prewarm" if prewarm else "--no-prewarm")
     # 3 s warm-up (the launch's own cold start, with --no-prewarm, falls in it), a 9 s ramp with the
-    # replica added 2 s in, a 5 s hold: the new replica then serves ~10 s of traffic.
-    s, events = _run("scale_up", tmp_path, "phases.0.duration=3s", "phases.1.duration=9s", "phases.2.duration=5s",
-                     "actions.0.when.after=2s", "slos=[]")
-    assert s["requests"]["errors"] == 0, s["error_examples"]
-    (end,) = [e for e in events if e["event"] == "action_end"]
-    assert end["ok"] is True and end["status"] == 202, end
-    added = json.loads(end["response"])  # the admin API answers with the new replica
+    # replica added 2 s in, a 5 s hold: the new replica then serves ~10 s of traffic, from when it is
+    # ready (started, and pre-warmed: its model loaded and warmed up). On an idle box that is 1-2 s after
+    # the action; on a busy 2-core box the start shares the CPUs with the traffic it is to serve, and a
+    # pre-warmed replica took 3-7 s, or over 10 (the run then left it 15 requests, or none). A run in
+    # which it was not ready before the hold (7 s after the action, leaving it the 5 s hold at least)
+    # says nothing about its cold start, so it is run again, at most twice, saying how long it took.
+    took = []
+    for attempt in range(3):
+        out = tmp_path / f"run{attempt}"
+        s, events = _run("scale_up", out, "phases.0.duration=3s", "phases.1.duration=9s", "phases.2.duration=5s",
+                         "actions.0.when.after=2s", "slos=[]")
+        assert s["requests"]["errors"] == 0, s["error_examples"]
+        (end,) = [e for e in events if e["event"] == "action_end"]
+        assert end["ok"] is True and end["status"] == 202, end
+        added = json.loads(end["response"])  # the admin API answers with the new replica
+        ready_s, loads = _server_says(out, added["id"])
+        took.append(ready_s)
+        if ready_s is not None and ready_s < 7:
+            break
+        print(f"\nreplica {added['id']} ready {ready_s} s after its start: too late for a steady state, run again")
+    else:
+        pytest.fail(f"the box was too busy to tell: the new replica was ready {took} s after its start, in 3 runs")
     assert added["prewarm"] is prewarm
+    # What happened, as the server tells it: the latencies below are judged on a busy box, where a steady
+    # max of 100-200 ms can hide a lazy load of as much (seen: 173 ms against 1.5 x 116).
+    assert loads == (["prewarm"] if prewarm else ["first_request"]), loads
     assert TOKEN not in json.dumps(events) and TOKEN not in json.dumps(s)
 
     (up,) = s["cold_start"]["scale_up"]
     print("\n" + json.dumps(up))
     assert up["replica"] == added["id"] and up["action"] == "add-replica"
     (start,) = [e for e in events if e["event"] == "action_start"]
-    assert up["issued_at_s"] == start["t_s"] and 0 < up["seen_after_s"] < 10
+    assert up["issued_at_s"] == start["t_s"] and ready_s < up["seen_after_s"] < 10  # it took traffic once ready
     assert up["first_sent_s"] < up["first_seen_s"] and up["steady_count"] > 20
     # The new replica's own histograms: every one of its requests, and only its.
     assert s["metrics"]["replica_latency"][up["class"]]["count"] >= up["first_count"] + up["steady_count"]
