@@ -27,8 +27,8 @@ def _echo_app(seen: list[dict]) -> web.Application:
                 await response.write(b"x" * 1000)
             await response.write_eof()
             return response
-        if request.path == "/hang":
-            await asyncio.sleep(10)
+        if request.path == "/hang":  # past any client timeout here (0.3 s + a 10 ms sweep), and short:
+            await asyncio.sleep(1.5)  # the server's cleanup waits for this handler
         if request.path == "/close":
             return web.Response(text="bye", headers={"Connection": "close"})
         return web.Response(body=b"0123456789")
