@@ -1,13 +1,13 @@
 """The repository stands alone: a user's clone has nothing beside it, so no scenario, test, doc,
 benchmark or example may reach a file outside it (issue 29: two shipped scenarios and seven tests
-read `../shared/data/…`, a folder only the developers have).
+read their traces from a folder beside the clone, which only the developers have).
 
 Three ways a file can leave the repository, each checked over every tracked text file:
 - a relative path with `..` (`../../x/y.csv`) that climbs above the repository root from the folder
   of the file that names it (where a scenario's paths, and a Markdown link, resolve);
 - Python that walks up from its own location past the root (`Path(__file__).parents[3]`,
   `.parent.parent…`, `REPO.parent`);
-- the developers' material by name (shared/data, shared/reference, shared/DESIGN.md).
+- the developers' material by name (its folder `DEVELOPERS`, with data/, reference/, DESIGN.md).
 And every file a scenario reads (traces, datasets, length samples, tensors) resolves inside the
 repository and exists.
 """
@@ -34,7 +34,8 @@ CLIMB = re.compile(r"(?<![\w./-])((?:\.\./)+)([\w./-]*)")
 # any more .parent; or a root constant's parent.
 UP = re.compile(r"Path\(__file__\)(?:\.resolve\(\))?(\.parents\[(\d+)\]|(?:\.parent)+)((?:\.parent)*)")
 ROOT_PARENT = re.compile(r"\b(REPO|ROOT|REPO_ROOT)\.parent\b")
-DEVELOPERS_ONLY = re.compile("shared" + r"/(data|reference|DESIGN\.md|hooks)\b")
+DEVELOPERS = "shared"  # the folder beside the developers' clone; spelled once, so this file names no path into it
+DEVELOPERS_ONLY = re.compile(DEVELOPERS + r"/(data|reference|DESIGN\.md|hooks)\b")
 
 
 def tracked_text_files() -> list[Path]:
@@ -72,7 +73,7 @@ def leaving_references(path: Path) -> list[str]:
 def test_no_file_reference_leaves_the_repository():
     files = tracked_text_files()
     assert len(files) > 200 and REPO / "scenarios" / "trace_replay.yaml" in files
-    leaving = [ref for f in files if f != Path(__file__) for ref in leaving_references(f)]
+    leaving = [ref for f in files if f != Path(__file__) for ref in leaving_references(f)]  # (this one spells the patterns out)
     assert leaving == [], "references outside the repository:\n" + "\n".join(leaving)
 
 
@@ -81,21 +82,21 @@ def test_the_checks_catch_each_way_out(tmp_path):
     neighbours are not): the check cannot pass by matching nothing."""
     probe = REPO / "tests" / f"_probe_{tmp_path.name}.py"
     probe.write_text("\n".join([
-        'TRACE = "../../shared/x.csv"',                           # tests/ -> ../../ leaves
+        'TRACE = "../../elsewhere/x.csv"',                        # tests/ -> ../../ leaves
         'LOCAL = "../data/azure_llm_conv_trace.csv"',            # tests/ -> ../data stays
         'A = Path(__file__).resolve().parents[2] / "x"',         # tests/x.py: parents[1] is the root
         'B = Path(__file__).resolve().parents[1] / "data"',
         'C = Path(__file__).parent.parent.parent',
         'D = REPO.parent / "elsewhere"',
-        'E = "see shared/' + 'DESIGN.md"',
+        f'E = "see {DEVELOPERS}/DESIGN.md"',
     ]))
     try:
         found = [ref.split(": ", 1)[1] for ref in leaving_references(probe)]
     finally:
         probe.unlink()
-    assert found == ["../../shared/x.csv", ".parents[2] climbs 3 folders from a file 1 below the root",
+    assert found == ["../../elsewhere/x.csv", ".parents[2] climbs 3 folders from a file 1 below the root",
                      ".parent.parent.parent climbs 3 folders from a file 1 below the root", "REPO.parent",
-                     "shared/" + "DESIGN.md"]
+                     f"{DEVELOPERS}/DESIGN.md"]
 
 
 def scenario_files() -> list[Path]:
