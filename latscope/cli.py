@@ -377,12 +377,11 @@ def init(url: str | None, out_file: Path, use_case: str | None, protocol: str | 
     Exit codes: 0 written (with or without a warning); 2 bad input (an unknown --use-case, a URL that
     is not http(s):// or grpc(s)://, the file exists without --force).
     """
-    from latscope.init import check_options, make_starter, write_starter
+    from latscope.init import check_options, check_out_file, make_starter, write_starter
 
     try:
         check_options(url, use_case, protocol, model)
-        if out_file.exists() and not force:  # before probing: say it at once
-            raise ScenarioError(f"{out_file} exists already: pass --force to overwrite it, or -o to write another file")
+        check_out_file(out_file, force)  # before probing: say it at once
         starter = make_starter(url, use_case=use_case, protocol=protocol, model=model, file_name=str(out_file))
         write_starter(starter, out_file, force=force)
     except ScenarioError as exc:

@@ -29,7 +29,7 @@ from latscope.scenario.base import check_url_text
 from latscope.scenario.protocols import PROTOCOLS
 from latscope.scenario.redact import redact_url
 
-__all__ = ["DEFAULT_FILE", "Starter", "check_options", "make_starter", "preset_names", "write_starter"]
+__all__ = ["DEFAULT_FILE", "Starter", "check_options", "check_out_file", "make_starter", "preset_names", "write_starter"]
 
 DEFAULT_FILE = "latscope.yaml"
 USER_VAR, PASSWORD_VAR = "TARGET_USER", "TARGET_PASSWORD"  # where a starter reads the URL's credentials from
@@ -83,11 +83,17 @@ def check_options(url: str | None, use_case: str | None, protocol: str | None, m
             raise ScenarioError(f"--model: {exc}") from None
 
 
+def check_out_file(path: Path, force: bool = False) -> None:
+    """ScenarioError when a file is at `path` already and `force` is not given: checked before the
+    endpoint is probed (the command says it at once) and again when writing."""
+    if path.exists() and not force:
+        raise ScenarioError(f"{path} exists already: pass --force to overwrite it, or -o to write another file")
+
+
 def write_starter(starter: Starter, path: Path, force: bool = False) -> None:
     """Write the starter to `path`; ScenarioError when a file is there already (unless `force`) or
     the path cannot be written."""
-    if path.exists() and not force:
-        raise ScenarioError(f"{path} exists already: pass --force to overwrite it, or -o to write another file")
+    check_out_file(path, force)
     try:
         path.write_text(starter.text, encoding="utf-8")
     except OSError as exc:
