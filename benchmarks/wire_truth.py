@@ -97,6 +97,7 @@ from latscope.engine import Engine, settle_gc  # noqa: E402
 from latscope.plan import build_plan  # noqa: E402
 from latscope.protocols import Client, make_client  # noqa: E402
 from latscope.records import Outcome, Request  # noqa: E402
+from latscope.request_ids import request_row  # noqa: E402
 from latscope.scenario import Scenario, scenario_from_dict  # noqa: E402
 
 SECTION_TITLE = "## measured against the wire (benchmarks/wire_truth.py)"
@@ -465,8 +466,8 @@ def match(records: list[Record], exchanges: list[Exchange]) -> tuple[list[tuple[
     """latscope's records paired with the wire's exchanges: by request id when the wire has them, else by order."""
     posts = [e for e in exchanges if e.method == "POST"]
     if posts and all(e.request_id is not None for e in posts):
-        by_id = {e.request_id: e for e in posts}
-        return [(r, by_id[str(r.seq)]) for r in records if str(r.seq) in by_id], f"the {ID_HEADER} header"
+        by_id = {request_row(e.request_id): e for e in posts}  # latscope's ids are UUIDs that say the row
+        return [(r, by_id[r.seq]) for r in records if r.seq in by_id], f"the {ID_HEADER} header"
     ordered = sorted(records, key=lambda r: r.sent_ns)
     return list(zip(ordered, posts)), (f"order (no {ID_HEADER} on the wire: the n-th request latscope sent is the "
                                        f"n-th on the wire; {len(ordered)} records, {len(posts)} wire requests)")

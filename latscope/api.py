@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import pandas as pd
-import yaml
 
 from latscope import results
 from latscope.analysis.capacity_gate import capacity_gate, is_capacity_dir, read_capacity
@@ -30,6 +29,7 @@ from latscope.analysis.gate import GateResult, gate as evaluate_gate
 from latscope.analysis.percentiles import percentile_ms
 from latscope.analysis.run_data import RunData, load_run, optional_table, read_summary
 from latscope.errors import RunError, ScenarioError
+from latscope.results.reading import read_scenario
 from latscope.results.schema import ROW_STATS
 from latscope.scenario import Scenario, load_scenario as load_scenario_file, scenario_from_dict
 from latscope.scenario.gate_file import GateFile, load_gate_file
@@ -75,9 +75,9 @@ class Results:
 
     @cached_property
     def scenario(self) -> dict:
-        """scenario.yaml: the scenario as it ran (overrides applied, secrets redacted); {} without one."""
-        file = self.path / results.SCENARIO
-        return (yaml.safe_load(file.read_text()) or {}) if file.exists() else {}
+        """scenario.yaml: the scenario as it ran (overrides applied, secrets redacted); {} without one;
+        ResultsError naming it when it is not a YAML mapping."""
+        return read_scenario(self.path)
 
     @cached_property
     def percentiles(self) -> pd.DataFrame:
@@ -126,7 +126,7 @@ class Results:
 
     @cached_property
     def schedule(self) -> pd.DataFrame | None:
-        """schedule.parquet: one row per planned request (row i is X-Request-Id i): intended_s, phase,
+        """schedule.parquet: one row per planned request (row i is the request whose X-Request-Id says i: request_ids.request_row): intended_s, phase,
         class, lengths; None when the run did not save it (output.save_schedule: false)."""
         return optional_table(self.path / results.SCHEDULE)
 

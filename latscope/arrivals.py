@@ -43,7 +43,8 @@ if TYPE_CHECKING:  # pandas is imported only where a trace is read: workers star
     from latscope.scenario import Arrival, Spacing  # the scenario's models are the one home of both
 
 from latscope.errors import ScenarioError
-from latscope.mooncake import mooncake_offsets, mooncake_rows, read_mooncake, scaled_lengths
+from latscope.mooncake import (BLOCK_SIZE, ReplayLimits, check_replay, mooncake_offsets, mooncake_rows, read_mooncake,
+                               scaled_block, scaled_lengths)
 
 # Poisson spacing draws Exp(1) variates in chunks of at most this many (32 MiB of float64), so a
 # very long phase does not need a second full-size temporary array while drawing.
@@ -448,13 +449,14 @@ def trace_lengths(trace: pd.DataFrame, column: str, path: str | Path) -> np.ndar
 # --------------------------------------------------------------------------------------------
 
 
-def phase_offsets(a: Arrival, d: float | None, rng: np.random.Generator,
-                  resolve: Callable[[str], Path]) -> tuple[np.ndarray, float, dict[str, np.ndarray]]:
+def phase_offsets(a: Arrival, d: float | None, rng: np.random.Generator, resolve: Callable[[str], Path],
+                  limits: ReplayLimits | None = None) -> tuple[np.ndarray, float, dict[str, np.ndarray]]:
     """A scenario phase's intended offsets for its arrival model `a` and duration `d` (None: a trace
     phase that lasts as long as its trace), the phase's duration, and the per-request lengths its
     arrivals bring along ({"prompt_tokens"/"output_tokens": int32 array}, from a trace's columns).
-    `resolve` turns a file name of the scenario into a path. A new arrival process is a model in
-    latscope/scenario/phases.py and a shape function above plus its `case` here."""
+    `resolve` turns a file name of the scenario into a path; `limits` (the scenario's, from
+    plan.build_plan) are checked on a trace (None: a scenario already checked). A new arrival
+    process is a model in latscope/scenario/phases.py and a shape function above plus its `case` here."""
     match a.type:
         case "constant":
             return constant(a.rate, d), d, {}
@@ -475,11 +477,14 @@ def phase_offsets(a: Arrival, d: float | None, rng: np.random.Generator,
         case "users":  # one row per closed-loop user, at its start: evenly over the ramp (within the phase)
             return np.arange(a.users) * (min(a.ramp, d) / a.users), d, {}
         case "trace" if a.format == "mooncake":
-            return _mooncake_phase(a, d, resolve(a.file))
+            return _mooncake_phase(a, d, resolve(a.file), limits)
         case "trace":
             path = resolve(a.file)
             trace = read_trace(path, a.time_column)
             offsets = trace_offsets(trace, a.speedup, a.start, d)
+            if limits is not None and len(offsets) and offsets[-1] > limits.max_duration_s:
+                raise ScenarioError(f"trace file {path}: its replay would last {offsets[-1]:.6g} s; a phase lasts at most "
+                                    f"{limits.max_duration_s:,.0f} s: give the phase a duration, or a start or speedup")
             if d is None:  # the phase lasts as long as the (sped-up) trace
                 d = float(offsets[-1]) + 1e-6 if len(offsets) else 0.0
             lengths = {}
@@ -495,18 +500,23 @@ def phase_offsets(a: Arrival, d: float | None, rng: np.random.Generator,
     raise AssertionError(f"unhandled arrival type {a.type}")
 
 
-def _mooncake_phase(a: Arrival, d: float | None, path: Path) -> tuple[np.ndarray, float, dict[str, np.ndarray]]:
+def _mooncake_phase(a: Arrival, d: float | None, path: Path,
+                    limits: ReplayLimits | None) -> tuple[np.ndarray, float, dict[str, np.ndarray]]:
     """A Mooncake trace phase: offsets, duration, and besides the lengths (scaled) each request's block
     ids as CSR ("hash_ids", "hash_start") and "block_tokens" (see latscope/mooncake.py)."""
-    trace = read_mooncake(path)
+    block_tokens = scaled_block(BLOCK_SIZE, a.scale)
+    trace = read_mooncake(path, max_ids=limits.max_ids(block_tokens) if limits is not None else None)
     rows = mooncake_rows(trace, a.speedup, a.start, d)
     offsets = mooncake_offsets(trace, a.speedup, a.start, d)
     if d is None:
         d = float(offsets[-1]) + 1e-6 if len(offsets) else 0.0
     prompt, output, block_tokens = scaled_lengths(trace, rows, a.scale)
+    top = np.iinfo(np.int32).max
     if a.lengths is not None:  # caps: a capped prompt keeps its first blocks, cut short
-        top = np.iinfo(np.int32).max
         prompt, output = np.minimum(prompt, a.lengths.max_prompt or top), np.minimum(output, a.lengths.max_output or top)
+    if limits is not None:
+        check_replay(trace, rows, offsets, prompt, block_tokens, limits)
+    prompt, output = np.minimum(prompt, top).astype(np.int32), np.minimum(output, top).astype(np.int32)
     counts = trace.hash_start[rows + 1] - trace.hash_start[rows]
     ids = np.concatenate([trace.hash_ids[trace.hash_start[r]:trace.hash_start[r + 1]] for r in rows]) if len(rows) else \
         np.empty(0, np.int64)
@@ -515,12 +525,14 @@ def _mooncake_phase(a: Arrival, d: float | None, path: Path) -> tuple[np.ndarray
                         "block_tokens": np.full(len(rows), block_tokens, np.int32)}
 
 
-def expected_arrivals(a: Arrival, d: float | None, resolve: Callable[[str], Path]) -> float:
+def expected_arrivals(a: Arrival, d: float | None, resolve: Callable[[str], Path],
+                      limits: ReplayLimits | None = None) -> float:
     """Λ(d): the expected number of arrivals of a scenario phase (arrival model `a`, duration `d`),
     what its rates promise rather than what one seeded draw gave. `latscope capacity` scales a
     scenario's traffic by one factor and calls the measured phases' Λ / duration its offered rate,
     so the rate of a step is exact, not a Poisson count. Closed forms per shape (an MMPP's is its
-    stationary mean, (base·gap + burst·length) / (gap + length) per second); a trace's is its count."""
+    stationary mean, (base·gap + burst·length) / (gap + length) per second); a trace's is its count
+    (its file read, and checked against `limits` as phase_offsets does)."""
     def overlap(start: float, length: float) -> float:  # of [start, start + length) with [0, d)
         return max(0.0, min(start + length, d) - min(start, d))
 
@@ -545,5 +557,5 @@ def expected_arrivals(a: Arrival, d: float | None, resolve: Callable[[str], Path
         case "users":  # a row per user; what each sends is the server's doing
             return float(a.users)
         case "trace":
-            return float(len(phase_offsets(a, d, np.random.default_rng(0), resolve)[0]))
+            return float(len(phase_offsets(a, d, np.random.default_rng(0), resolve, limits)[0]))
     raise AssertionError(f"unhandled arrival type {a.type}")

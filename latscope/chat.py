@@ -6,7 +6,7 @@ go, since that depends on the answers. Here, in the worker, each answer decides 
     turn k + 1 is intended at  end of turn k's answer + think_{k+1}
 
 and is handed back to the engine, which sends it then, open loop like any request (its latency runs
-from that intended time; if the client is late, it is send lag). A session ends one of three ways,
+from that intended time; if the client is late, it is send lag). A session ends one of four ways,
 each counted under its class (results.schema.SESSION_COUNTERS):
 
 - completed: its last turn was answered (its duration, turn 1's intended time → the last answer's
@@ -14,7 +14,16 @@ each counted under its class (results.schema.SESSION_COUNTERS):
 - abandoned: a turn failed (any error) or was dropped at the in-flight cap: the later turns are not
   sent (`turns_not_sent`), as a person would not carry on with a broken chat (a closed-loop user
   starts its next session USER_RETRY_NS later, not at once: no hot loop against a dead target);
-- cut: its next turn would be due after the run's planned end (or the run was stopped): not sent.
+- cut: its next turn would be due after the run's planned end (or the run was stopped): not sent;
+- history_limit (only a session that carries its history): after an answer, its history as the
+  client keeps it (`Conversation.carried`: the earlier turns and answers, in bytes) is over its
+  class's session.max_history_bytes, or the histories of all the worker's sessions together are
+  over limits.max_carried_bytes_per_worker (this answer's session is the one that ends): the later
+  turns are not sent, as for abandoned. The answered turn was sent and counted like any other, so
+  the engine's accounting holds; a target answering with megabytes a turn costs the worker one
+  answer's memory, not a history that grows until the machine kills it.
+
+Whichever way a session ends, its history is let go at once.
 
 Closed-loop users (`arrival: {type: users}`): a user's plan row starts its first session at the row's
 intended time, and each session that ends (any way but cut) starts the user's next one at once,
@@ -33,23 +42,26 @@ import numpy as np
 from latscope.intervals import IntervalRecorder
 from latscope.plan import Plan, default_prompt, human_turns
 from latscope.records import Conversation, Outcome, Request
-from latscope.results.schema import (SESSIONS_ABANDONED, SESSIONS_COMPLETED, SESSIONS_CUT, SESSIONS_STARTED,
-                                     TURNS_NOT_SENT)
+from latscope.results.schema import (SESSIONS_ABANDONED, SESSIONS_COMPLETED, SESSIONS_CUT, SESSIONS_HISTORY_LIMIT,
+                                     SESSIONS_STARTED, TURNS_NOT_SENT)
 from latscope.scenario import Scenario
+from latscope.scenario.workload import Session
 from latscope.sessions import Turns, user_session
 
 USER_RETRY_NS = 100_000_000  # after an abandoned session, a closed-loop user starts its next one this much later
 
 
 class _Live:
-    """A session in progress: where its turns are (`turns`, session `j`), the next turn's number."""
+    """A session in progress: where its turns are (`turns`, session `j`), the next turn's number, the
+    bytes of its history counted in the worker's total (`counted`)."""
 
-    __slots__ = ("conv", "turns", "j", "next_turn", "warmup", "started")
+    __slots__ = ("conv", "turns", "j", "next_turn", "warmup", "started", "counted")
 
     def __init__(self, conv: Conversation, turns: Turns, j: int, warmup: bool) -> None:
         self.conv, self.turns, self.j, self.warmup = conv, turns, j, warmup
         self.next_turn = 1
         self.started = False  # its turn 1 went (or was dropped at the cap): counted started
+        self.counted = 0
 
 
 class Conversations:
@@ -61,6 +73,9 @@ class Conversations:
         self.t0_ns = t0_ns
         classes = scenario.workload.effective_classes()
         self._carry = [c.session is None or c.session.history == "carry" for c in classes]
+        self._max_history = [(c.session or Session()).max_history_bytes for c in classes]
+        self._max_carried = scenario.limits.max_carried_bytes_per_worker
+        self._carried = 0  # the bytes of the live sessions' histories, as last seen after their answers
         turns = plan.turns
         n_later = 0 if turns is None else len(turns.prompt_tokens) - len(turns)
         self._later_base = len(plan)  # seq of later turns: after the rows, in session-table order
@@ -119,6 +134,8 @@ class Conversations:
         elif request.turn >= conv.turns:
             self._end(state, SESSIONS_COMPLETED, 0)
             self.measure.record_session(conv.cls, state.warmup, (outcome.end_ns - conv.started_ns) // 1000)
+        elif conv.carry and self._over_bound(state):  # `new`: the history never grows (a system prompt at most)
+            self._end(state, SESSIONS_HISTORY_LIMIT, conv.turns - request.turn)
         else:
             t = state.turns.first[state.j] + request.turn  # the next turn's place in the table
             intended = outcome.end_ns + int(state.turns.think_s[t] * 1e9)
@@ -146,8 +163,17 @@ class Conversations:
 
     # -- inside ---------------------------------------------------------------------------
 
+    def _over_bound(self, state: _Live) -> bool:
+        """After an answer: is the session's history, or all the worker's together, past its bound?"""
+        conv = state.conv
+        self._carried += conv.carried - state.counted
+        state.counted = conv.carried
+        return conv.carried > self._max_history[conv.cls] or self._carried > self._max_carried
+
     def _end(self, state: _Live, how: int, not_sent: int) -> None:
         del self._live[state.conv.id]
+        self._carried -= state.counted
+        state.counted, state.conv.history, state.conv.carried = 0, None, 0  # its memory goes now
         self.measure.count(state.conv.cls, state.warmup, how)
         if not_sent:
             self.measure.count(state.conv.cls, state.warmup, TURNS_NOT_SENT, not_sent)

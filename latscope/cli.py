@@ -1,5 +1,5 @@
 """The `latscope` command. Turns flags into calls; errors are caught here, once, and mapped to
-exit codes: 0 ok, 1 the run failed or was cut short, 2 bad input (scenario, flags)."""
+exit codes: 0 ok, 1 the run failed, was cut short or had no request succeed, 2 bad input (scenario, flags)."""
 
 from __future__ import annotations
 
@@ -187,7 +187,10 @@ def run(scenario_file: Path, out: Path | None, overrides: tuple[str, ...], worke
         console.print(f"report: {result.path / 'report.html'}", highlight=False, soft_wrap=True)
     if run_gate:
         sys.exit(_run_gate(result.path, baseline, slo_file, junit, markdown))  # a partial run gates as invalid (4)
-    sys.exit(EXIT_RUN_ERROR if result.partial else EXIT_OK)
+    from latscope.analysis.verdicts import measured_nothing
+
+    # a run that measured no successful request measured no latency: a failed run (its reasons printed above)
+    sys.exit(EXIT_RUN_ERROR if result.partial or measured_nothing(result.summary["requests"]) else EXIT_OK)
 
 
 # `latscope run` options the Locust master's coordinator gets as they were given (--latscope-run-args)
@@ -261,7 +264,7 @@ class _DurationType(click.ParamType):
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Capacity directory (default: output.dir/<scenario>-capacity-<UTC time>).")
 @click.option("--precision", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.05, show_default=True,
-              help="Stop when the bracket [highest pass, lowest fail] is this narrow, relative to its lower end.")
+              help="Stop when the bracket [highest confident pass, lowest confident fail] is this narrow, relative to its lower end.")
 @click.option("--min-rate", type=click.FloatRange(0, min_open=True), help="First step's rate, req/s (default: the scenario's).")
 @click.option("--max-rate", type=click.FloatRange(0, min_open=True), help="No step above this rate, req/s.")
 @click.option("--max-steps", type=click.IntRange(min=1), default=12, show_default=True, help="Most steps to run.")
@@ -279,9 +282,11 @@ def capacity(scenario_file: Path, out: Path | None, precision: float, min_rate: 
     """Find the highest rate at which every SLO of SCENARIO_FILE holds with confidence.
 
     Runs the scenario's traffic shape scaled up and down (double until a step fails, then bisect),
-    each step an ordinary results directory under OUT/steps/, and writes OUT/capacity.json and
-    OUT/capacity.html. Exit codes: 0 capacity found, 1 the SLOs fail even at the lowest rate,
-    2 bad input, 4 stopped without an answer (generator limit, inconclusive, --max-steps, interrupted)."""
+    each step an ordinary results directory under OUT/steps/ (an undecided step is extended, up to
+    twice, and judged on its pooled looks), and writes OUT/capacity.json and OUT/capacity.html.
+    Exit codes: 0 capacity found (or at least the confident lower end, the SLOs undecided above it),
+    1 the SLOs fail even at the lowest rate, or the target stopped answering, 2 bad input, 4 stopped
+    without an answer (generator limit, inconclusive, --max-steps, interrupted)."""
     from latscope.api import find_capacity, load_scenario
     from latscope.console import CapacityDisplay, print_capacity
 

@@ -114,6 +114,8 @@ def sessions_lines(summary: dict) -> list[str]:
         ttft = [t["ttft"].get("p50_ms") for t in s["by_turn"].values() if "ttft" in t]
         line = (f"sessions {cls}: {s['started']:,} started, {s['completed']:,} completed, {s['abandoned']:,} abandoned, "
                 f"{s['cut']:,} cut, {s['turns_not_sent']:,} turns not sent")
+        if s.get("history_limit"):  # ended at their carried history's bound (absent in older summaries)
+            line = line.replace(" cut, ", f" cut, {s['history_limit']:,} at the history limit, ", 1)
         if any(v is not None for v in ttft):
             line += " · TTFT p50 by turn " + " → ".join(_ms(v) for v in ttft[:8]) + (" …" if len(ttft) > 8 else "") + " ms"
         if s["prefix_cache"]["hit_rate"] is not None:
@@ -183,7 +185,7 @@ def _duration(seconds: float) -> str:
 
 def step_start_line(s: StepStart) -> str:
     """A step about to run: its rate, the bracket so far, and at most how much is left."""
-    again = " again, twice as long" if s.longer else ""
+    again = f" extending (look {s.look} of {s.looks})" if s.longer else ""
     expected = f"about {s.steps_expected} more, " if s.steps_expected is not None else ""
     return (f"step {s.index}: {_rate(s.rate_rps)} req/s{again} · bracket [{_rate(s.low)}, {_rate(s.high)}] req/s · "
             f"{expected}at most {s.steps_left_max} steps, ≤ {_duration(s.time_left_max_s)} left")

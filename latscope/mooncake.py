@@ -14,9 +14,17 @@ The format (Mooncake, FAST 2025, Moonshot AI's Kimi service) is JSON Lines, one 
 `read_mooncake` checks every line and requires n == ceil(input_length / B) exactly (the published
 conversation trace holds it on all 12,031 lines; a trace cut with another block size is read with
 ``block_size=``), so the block structure behind every prompt is known. Blank lines are skipped.
-Problems raise `ScenarioError` "trace file PATH: line N: ..." (N 1-based). Result: a `MooncakeTrace`
-of numpy arrays in file order, the hash ids as CSR (request i's ids are
-``hash_ids[hash_start[i]:hash_start[i+1]]``), and ``offset_s = (timestamp - min timestamp) / 1000``.
+With ``max_ids=`` a request may hold at most that many ids, and a line is read only up to the bytes
+such a request takes (`line_bytes`): a 50 MB line is refused after its first few kilobytes, not
+parsed whole. Problems raise `ScenarioError` "trace file PATH: line N: ..." (N 1-based). Result: a
+`MooncakeTrace` of numpy arrays in file order, the hash ids as CSR (request i's ids are
+``hash_ids[hash_start[i]:hash_start[i+1]]``), ``offset_s = (timestamp - min timestamp) / 1000``,
+and each request's line in the file (for messages).
+
+What a replay may ask of a run is checked when the scenario is (`ReplayLimits`, `check_replay`;
+`latscope validate` and `run` alike), so that nothing `validate` accepts fails in a worker: at most
+``max_prompt_tokens`` prompt tokens a request (``max_ids(b)`` ids), every id a prompt uses below
+`id_capacity`, at most ``max_requests`` requests and ``max_duration_s`` seconds of replay.
 
 Replay (`mooncake_rows`, `mooncake_offsets`) is `latscope.arrivals.trace_rows/trace_offsets`'s
 contract: rows sorted by offset (stable), those with offset < `start` skipped, offset' =
@@ -57,12 +65,12 @@ A block's text is kept in an LRU (`BLOCK_CACHE` blocks), since requests share bl
 
 from __future__ import annotations
 
-import itertools
 import math
+from array import array
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 import numpy as np
 
@@ -72,6 +80,9 @@ BLOCK_SIZE = 512  # tokens a hash id stands for in the published Mooncake traces
 ID_WORDS = 4  # leading words of a block that spell its hash id (base len(words))
 BLOCK_CACHE = 4096  # block texts kept (about 3 KB each at 512 words: ~12 MB at most)
 POOL_WORDS = 1 << 16  # length of the seeded word stream that blocks' filler words are cut from
+MAX_TOKENS = 2**31 - 1  # lengths are int32 in the plan
+ID_BYTES = 21  # the most one id takes in a line: 19 digits (< 2^63), a comma and a space
+LINE_OVERHEAD = 4096  # bytes a line may hold besides its ids: the other fields, keys, spaces
 
 _MASK = (1 << 64) - 1
 _FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
@@ -88,6 +99,8 @@ class MooncakeTrace:
     hash_ids: np.ndarray  # int64 [sum of block counts]: every request's ids, one after the other
     hash_start: np.ndarray  # int64 [n + 1]: request i's ids are hash_ids[hash_start[i]:hash_start[i + 1]]
     block_size: int = BLOCK_SIZE  # tokens a hash id stands for
+    line: np.ndarray | None = None  # int64 [n]: each request's line in the file (1-based)
+    path: str = ""  # the file, as messages name it
 
     def __len__(self) -> int:
         return len(self.offset_s)
@@ -102,7 +115,7 @@ class MooncakeTrace:
 # --------------------------------------------------------------------------------------------
 
 
-def _problem(obj: Any, block_size: int) -> str | None:
+def _problem(obj: Any, block_size: int, max_ids: int | None) -> str | None:
     """What is wrong with one parsed line, or None. Checked on every line, so kept lean."""
     if not isinstance(obj, dict):
         return f"expected a JSON object, got {type(obj).__name__}"
@@ -117,11 +130,13 @@ def _problem(obj: Any, block_size: int) -> str | None:
         return f"timestamp {ts!r} is not a non-negative number of milliseconds"
     if type(il) is not int or il < 1:
         return f"input_length {il!r} is not an int >= 1"
-    if type(ol) is not int or ol < 0:
-        return f"output_length {ol!r} is not an int >= 0"
+    if type(ol) is not int or not 0 <= ol <= MAX_TOKENS:
+        return f"output_length {ol!r} is not an int in [0, 2^31 - 1]"
     if type(ids) is not list:
         return f"hash_ids is {type(ids).__name__}, expected a list of ints"
     need = -(-il // block_size)
+    if max_ids is not None and need > max_ids:
+        return _too_many_ids(f"input_length {il:,} is {need:,} blocks of {block_size} tokens", max_ids)
     if len(ids) != need:
         return (f"hash_ids has {len(ids)} ids but input_length {il} needs ceil({il}/{block_size}) = "
                 f"{need} (one id per block of {block_size} tokens)")
@@ -133,8 +148,19 @@ def _problem(obj: Any, block_size: int) -> str | None:
     return None
 
 
-def read_mooncake(path: str | Path, block_size: int = BLOCK_SIZE) -> MooncakeTrace:
-    """Load and check a Mooncake trace (JSON Lines); `block_size` is the tokens a hash id stands for."""
+def _too_many_ids(what: str, max_ids: int) -> str:
+    return (f"{what}; a request may have at most {max_ids:,} hash_ids (limits.max_prompt_tokens over the tokens a "
+            "block replays, before any lengths.max_prompt cap): raise limits.max_prompt_tokens to replay longer prompts")
+
+
+def line_bytes(max_ids: int) -> int:
+    """The longest line a request of at most `max_ids` ids takes (longer: it holds more ids, or padding)."""
+    return max_ids * ID_BYTES + LINE_OVERHEAD
+
+
+def read_mooncake(path: str | Path, block_size: int = BLOCK_SIZE, max_ids: int | None = None) -> MooncakeTrace:
+    """Load and check a Mooncake trace (JSON Lines); `block_size` is the tokens a hash id stands for,
+    `max_ids` the most ids a request may hold (None: any; a line is then parsed whatever its length)."""
     import orjson
 
     path = Path(path)
@@ -142,42 +168,50 @@ def read_mooncake(path: str | Path, block_size: int = BLOCK_SIZE) -> MooncakeTra
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     if not path.is_file():
         raise ScenarioError(f"trace file {path}: not found")
-    try:
-        lines = path.read_bytes().splitlines()
-    except OSError as exc:
-        raise ScenarioError(f"trace file {path}: cannot read it ({exc})") from None
+    limit = -1 if max_ids is None else line_bytes(max_ids)
     ts: list[int | float] = []
     il: list[int] = []
     ol: list[int] = []
-    ids: list[list[int]] = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            raise ScenarioError(f"trace file {path}: line {n}: not JSON ({exc})") from None
-        if (problem := _problem(obj, block_size)) is not None:
-            raise ScenarioError(f"trace file {path}: line {n}: {problem}")
-        ts.append(obj["timestamp"])
-        il.append(obj["input_length"])
-        ol.append(obj["output_length"])
-        ids.append(obj["hash_ids"])
+    lines: list[int] = []
+    flat = array("q")  # every request's ids, 8 bytes each (a list of Python ints takes 40)
+    counts: list[int] = []
+    try:
+        with path.open("rb") as file:
+            for n, line in enumerate(iter(lambda: file.readline(limit + 1 if limit >= 0 else -1), b""), 1):
+                if limit >= 0 and len(line) > limit and not line.endswith(b"\n"):
+                    raise ScenarioError(f"trace file {path}: line {n}: " + _too_many_ids(
+                        f"the line is over {limit:,} bytes, more than its hash_ids can take", max_ids))
+                if not line.strip():
+                    continue
+                try:
+                    obj = orjson.loads(line)
+                except orjson.JSONDecodeError as exc:
+                    raise ScenarioError(f"trace file {path}: line {n}: not JSON ({exc})") from None
+                if (problem := _problem(obj, block_size, max_ids)) is not None:
+                    raise ScenarioError(f"trace file {path}: line {n}: {problem}")
+                ts.append(obj["timestamp"])
+                il.append(obj["input_length"])
+                ol.append(obj["output_length"])
+                lines.append(n)
+                counts.append(len(obj["hash_ids"]))
+                flat.extend(obj["hash_ids"])
+    except OSError as exc:
+        raise ScenarioError(f"trace file {path}: cannot read it ({exc})") from None
     if not ts:
         raise ScenarioError(f"trace file {path}: no requests (the file is empty or blank)")
 
     stamps = np.array(ts)  # int64, or float64 when any timestamp is fractional
-    counts = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-    start = np.zeros(len(ids) + 1, dtype=np.int64)
+    start = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=start[1:])
-    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(start[-1]))
     return MooncakeTrace(
         offset_s=((stamps - stamps.min()) / 1000.0).astype(np.float64),
         input_length=np.array(il, dtype=np.int64),
         output_length=np.array(ol, dtype=np.int64),
-        hash_ids=flat,
+        hash_ids=np.frombuffer(flat, dtype=np.int64) if flat else np.empty(0, np.int64),
         hash_start=start,
         block_size=block_size,
+        line=np.array(lines, dtype=np.int64),
+        path=str(path),
     )
 
 
@@ -208,21 +242,77 @@ def mooncake_offsets(
     return (trace.offset_s[mooncake_rows(trace, speedup, start, duration)] - start) / speedup
 
 
-def scaled_lengths(trace: MooncakeTrace, rows: np.ndarray, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray, int]:
-    """(prompt tokens int32, output tokens int32, tokens a block) of `rows` scaled by `scale` in
-    (0, 1], keeping every request's block count (formulas in the module docstring)."""
+def scaled_block(block_size: int, scale: float) -> int:
+    """Tokens a block of `block_size` tokens replays as at `scale` in (0, 1]: max(1, rint(B·s))."""
     if not 0 < scale <= 1:
         raise ValueError(f"scale must be in (0, 1], got {scale}")
+    return max(1, int(np.rint(block_size * scale)))
+
+
+def scaled_lengths(trace: MooncakeTrace, rows: np.ndarray, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray, int]:
+    """(prompt tokens int64, output tokens int64, tokens a block) of `rows` scaled by `scale` in
+    (0, 1], keeping every request's block count (formulas in the module docstring). int64: an
+    input_length past 2^31 is not cut short here; `check_replay` refuses it."""
     rows = np.asarray(rows, dtype=np.int64)
     size = trace.block_size
-    block = max(1, int(np.rint(size * scale)))
+    block = scaled_block(size, scale)
     il = trace.input_length[rows]
     full = (il - 1) // size  # n - 1 full blocks
     last = il - full * size  # 1..size
     prompt = full * block + np.clip(np.rint(last * scale), 1, block).astype(np.int64)
     ol = trace.output_length[rows]
     output = np.where(ol > 0, np.maximum(1, np.rint(ol * scale)), 0)
-    return prompt.astype(np.int32), output.astype(np.int32), block
+    return prompt.astype(np.int64), output.astype(np.int64), block
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayLimits:
+    """What a replay may ask of a run: the scenario's bounds (docs/guarantees.md), checked on the
+    trace when the scenario is checked, so that what `validate` accepts a worker can send."""
+
+    max_prompt_tokens: int  # limits.max_prompt_tokens: one prompt, as sent (scaled, capped)
+    max_requests: int  # limits.max_planned_requests: requests one replay may send
+    max_duration_s: float  # the longest a phase may last (plan.MAX_DURATION_S)
+    vocabulary_size: int  # words the prompts are made of: with the block size, the ids' capacity
+
+    def max_ids(self, block_tokens: int) -> int:
+        """The most ids a request may hold: with n ids its prompt is at least (n - 1)·b + 1 tokens."""
+        return (min(self.max_prompt_tokens, MAX_TOKENS) - 1) // block_tokens + 1
+
+
+def check_replay(trace: MooncakeTrace, rows: np.ndarray, offsets: np.ndarray, prompt: np.ndarray, block_tokens: int,
+                 limits: ReplayLimits) -> None:
+    """Refuse a replay (its `rows`, send `offsets`, prompt tokens as sent, tokens a block) that a run
+    could not carry out, naming the trace line to change: too many requests, too long, a prompt over
+    limits.max_prompt_tokens, or a block id its prompt text cannot spell (`id_capacity`)."""
+    def refuse(row: int, message: str) -> NoReturn:
+        raise ScenarioError(f"trace file {trace.path}: line {int(trace.line[row])}: {message}")
+
+    if len(rows) > limits.max_requests:
+        refuse(rows[limits.max_requests], f"the replay would send {len(rows):,} requests, this one past the limit of "
+                                          f"{limits.max_requests:,} (limits.max_planned_requests): a phase duration, "
+                                          "start or speedup replays a part of the trace")
+    if len(offsets) and offsets[-1] > limits.max_duration_s:
+        last = int(np.argmax(offsets > limits.max_duration_s))
+        refuse(rows[last], f"this request comes {offsets[last]:.6g} s into the replay; a phase lasts at most "
+                           f"{limits.max_duration_s:,.0f} s ({limits.max_duration_s / 86400:g} days): give the phase a "
+                           "duration, or a start or speedup, to replay a part of the trace")
+    top = min(limits.max_prompt_tokens, MAX_TOKENS)
+    if len(prompt) and (over := np.flatnonzero(prompt > top)).size:
+        i = over[np.argmin(trace.line[rows[over]])]
+        refuse(rows[i], f"input_length {int(trace.input_length[rows[i]]):,} makes a prompt of {int(prompt[i]):,} "
+                        f"tokens (blocks of {block_tokens}); the limit is {top:,} (limits.max_prompt_tokens)")
+    capacity = id_capacity(block_tokens, limits.vocabulary_size)
+    used = -(-prompt // block_tokens)  # blocks each prompt is built from: the ids past them are never spelled
+    owner = np.repeat(np.arange(len(rows)), used)
+    position = np.arange(len(owner)) - np.repeat(np.cumsum(used) - used, used)
+    ids = trace.hash_ids[trace.hash_start[rows][owner] + position]
+    if (bad := np.flatnonzero(ids >= capacity)).size:
+        j = bad[np.argmin(trace.line[rows[owner[bad]]])]
+        wider = f", or a scale that makes blocks of {ID_WORDS} tokens or more" if block_tokens < ID_WORDS else ""
+        refuse(rows[owner[j]], f"hash_ids holds {int(ids[j]):,} (block {int(position[j]) + 1}): blocks of {block_tokens} "
+                               f"tokens spell at most {capacity:,} distinct ids (0 to {capacity - 1:,}); number the "
+                               f"trace's ids from 0 (e.g. in order of first use){wider}")
 
 
 # --------------------------------------------------------------------------------------------

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from latscope import arrivals
+from latscope.mooncake import ReplayLimits
 from latscope.scenario import PROTOCOLS, LengthDist, Phase, Scenario
 from latscope.scenario.base import DataPath
 from latscope.sessions import Turns, draw_sessions
-from latscope.workload import SESSION_STREAM, draw_lengths, plays_conversations, read_conversations, seed_streams
+from latscope.workload import SESSION_STREAM, VOCABULARY, draw_lengths, plays_conversations, read_conversations, seed_streams
 
 # A gap of at least this long in the schedule (a trace's lull) counts as idle, like an idle phase:
 # long enough for a target that scales to zero to have done so on a short timeout.
@@ -25,6 +26,9 @@ IDLE_GAP_S = 5.0
 # The most rate changes (burst cycles, MMPP state switches) one phase may have: each is a segment of
 # the arrival engine's piecewise rate, a few float64s in several arrays.
 MAX_SEGMENTS = 1_000_000
+# The longest one phase may last, a trace phase's replay included (31 days): a typo such as `duration:
+# 1e9s` on an idle phase, or a trace whose timestamps jump by years, is an error, not a run that never ends.
+MAX_DURATION_S = 31 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -101,12 +105,14 @@ def build_plan(scenario: Scenario) -> Plan:
     (check_plan_size) or a file the scenario names (a trace, a lengths file) does not load."""
     check_plan_size(scenario)
     seeds = seed_streams(scenario)
+    limits = replay_limits(scenario)
     chunks, phase_ids, phases, trace_lengths = [], [], [], []
     start = 0.0
     for i, phase in enumerate(scenario.phases):
         with scenario.about(("phases", i, "arrival", "file")):  # a trace file's problem: which line named it
             offsets, duration, lengths = arrivals.phase_offsets(phase.arrival, phase.duration,
-                                                                np.random.default_rng(seeds[i]), scenario.resolve_path)
+                                                                np.random.default_rng(seeds[i]), scenario.resolve_path,
+                                                                limits)
         chunks.append(offsets + start)
         phase_ids.append(np.full(len(offsets), i, dtype=np.int16))
         phases.append(PhasePlan(phase.name, start, duration, phase.warmup))
@@ -151,6 +157,13 @@ def build_plan(scenario: Scenario) -> Plan:
     return Plan(offsets_s, phase, cls, phases, names, prompt_tokens, output_tokens, item, session, turns, users,
                 int(seeds[len(scenario.phases) + SESSION_STREAM].generate_state(1, np.uint64)[0]),
                 _blocks(trace_lengths, phase_ids, n))
+
+
+def replay_limits(scenario: Scenario) -> ReplayLimits:
+    """What the scenario lets a trace phase ask for (its limits, MAX_DURATION_S, the prompts' vocabulary):
+    arrivals.phase_offsets checks a trace against these as it reads it."""
+    return ReplayLimits(scenario.limits.max_prompt_tokens, scenario.limits.max_planned_requests, MAX_DURATION_S,
+                        len(VOCABULARY))
 
 
 def _blocks(trace_lengths: list[dict[str, np.ndarray]], phase_ids: list[np.ndarray],
@@ -233,9 +246,10 @@ def _draw(scenario: Scenario, path: DataPath, dist: LengthDist, n: int, rng: np.
 
 def check_plan_size(scenario: Scenario) -> None:
     """Refuse a plan too big to build, before building any of it: the phases' expected number of
-    requests (arrivals.expected_arrivals, closed forms) against limits.max_planned_requests, and a
-    burst or MMPP phase's rate changes against MAX_SEGMENTS. A trace phase counts as nothing here:
-    it is as big as its file, which the plan reads once."""
+    requests (arrivals.expected_arrivals, closed forms) against limits.max_planned_requests, a
+    burst or MMPP phase's rate changes against MAX_SEGMENTS, and each phase's duration against
+    MAX_DURATION_S. A trace phase counts as nothing here: it is as big as its file, which the plan
+    reads once (and checks then: arrivals.phase_offsets' `limits`)."""
     counts = []
     for i, phase in enumerate(scenario.phases):
         a, d = phase.arrival, phase.duration
@@ -252,6 +266,10 @@ def check_plan_size(scenario: Scenario) -> None:
         raise scenario.problem(_too_many_because(phase, i, limit),
                                f"this scenario would plan ~{sum(counts):.3g} requests (phase {phase.name!r}: ~{counts[i]:.3g} "
                                f"in {phase.duration:g} s); the limit is {limit:,} (limits.max_planned_requests)")
+    for i, phase in enumerate(scenario.phases):
+        if phase.duration is not None and phase.duration > MAX_DURATION_S:
+            raise scenario.problem(("phases", i, "duration"), f"{phase.duration:g} s; a phase lasts at most "
+                                   f"{MAX_DURATION_S:,.0f} s ({MAX_DURATION_S / 86400:g} days)")
 
 
 def _too_many_because(phase: Phase, i: int, limit: int) -> DataPath:
@@ -319,22 +337,44 @@ def schedule_table(plan: Plan) -> dict[str, np.ndarray]:
 
 
 def after_idle(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
-    """The requests that come after a quiet stretch, and how long it was (seconds, from the
-    previous request's intended time, or from the run's start): the first request after each idle
-    phase, and after any gap of at least IDLE_GAP_S in the schedule. Each is measured on its own
-    (engine probes): the first request after an idle stretch is the one that pays for a target
-    that scaled to zero, and a histogram interval would blur it into the requests after it."""
+    """The requests that come after a quiet stretch, and how long it was (seconds, from the end of
+    what the plan knows was still going on before it, or from the run's start): the first request
+    after each idle phase, and after any quiet gap of at least IDLE_GAP_S in the schedule. Each is
+    measured on its own (engine probes): the first request after an idle stretch is the one that
+    pays for a target that scaled to zero, and a histogram interval would blur it into the requests
+    after it. A session keeps the target busy between its rows (its later turns, at least its think
+    times long: `busy_until`), and a closed-loop user until its phase ends, so the gap between two
+    rows of such a run is no idle stretch unless nothing before it was still going on."""
     if not len(plan):
         return np.empty(0, np.int64), np.empty(0)
-    gaps = np.diff(plan.offsets_s, prepend=0.0)
+    busy = np.maximum.accumulate(busy_until(plan))
+    gaps = plan.offsets_s - np.concatenate(([0.0], busy[:-1]))
     idle_phases = {i for i, p in enumerate(plan.phases) if p.duration_s > 0 and not np.any(plan.phase == i)}
     after_idle_phase = np.zeros(len(plan), bool)
     first_of_phase = np.flatnonzero(np.diff(plan.phase.astype(np.int64), prepend=-1) != 0)
     for i in first_of_phase:
         previous = int(plan.phase[i - 1]) if i else -1
-        after_idle_phase[i] = any(previous < p < int(plan.phase[i]) for p in idle_phases)
+        after_idle_phase[i] = gaps[i] > 0 and any(previous < p < int(plan.phase[i]) for p in idle_phases)
     chosen = np.flatnonzero(after_idle_phase | (gaps >= IDLE_GAP_S))
     return chosen, gaps[chosen]
+
+
+def busy_until(plan: Plan) -> np.ndarray:
+    """Per row, the earliest time (run clock, s) the plan knows the target is still busy with it: its
+    intended time; for a session, that plus its turns' think times (each later turn waits for an
+    answer, then thinks); for a closed-loop user, the end of its phase."""
+    until = plan.offsets_s.astype(np.float64, copy=True)
+    if plan.session is not None and plan.turns is not None and len(plan.turns):
+        mine = plan.session >= 0
+        t = plan.turns
+        total = np.concatenate(([0.0], np.cumsum(t.think_s)))
+        think = total[t.first + t.count.astype(np.int64)] - total[t.first]  # each session's think times
+        until[mine] += think[plan.session[mine]]
+    if plan.user is not None:
+        users = plan.user >= 0
+        ends = np.array([p.start_s + p.duration_s for p in plan.phases])
+        until[users] = np.maximum(until[users], ends[plan.phase[users]])
+    return until
 
 
 def action_times(scenario: Scenario, plan: Plan | None = None) -> list[float]:

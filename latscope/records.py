@@ -67,7 +67,9 @@ class Conversation:
     """One session in progress in a worker (chat.py keeps them; sessions.py planned their turns).
     The client builds each turn from it and adds the turn, and after a successful answer the answer,
     to `history`, in the client's own form (for the OpenAI client: the serialized messages so far),
-    so a long history is appended to, never serialized again."""
+    so a long history is appended to, never serialized again. `carried` is that history's size in
+    bytes, which the client keeps up to date and chat.py bounds (session.max_history_bytes,
+    limits.max_carried_bytes_per_worker)."""
 
     id: int  # the session's number: the plan row it started from, or a closed-loop user's next
     cls: int
@@ -77,6 +79,7 @@ class Conversation:
     started_ns: int  # turn 1's intended time
     user: int = -1  # the closed-loop user running it (-1: an open-loop session)
     history: Any = None  # the client's form of the turns so far, and the one being sent (None: none yet)
+    carried: int = 0  # bytes `history` holds (the client's count)
 
 
 @dataclass(slots=True)

@@ -72,6 +72,50 @@ def seed_streams(scenario: Scenario) -> list[np.random.SeedSequence]:
 PAYLOAD_STREAM, SESSION_STREAM = 2, 3  # after the phases' streams
 
 
+# -- the prompts' salt (scenario `prompt_salt`) -------------------------------------------------
+# Synthetic prompts are words of VOCABULARY drawn from the seed. A salt redraws them: the same
+# lengths, the same shared prefixes and Mooncake blocks within the run (they are places in the one
+# text, or block ids spelled over it), other words from run to run, and still only words of
+# VOCABULARY, so every prompt keeps its exact token count. Dataset prompts are sent as written.
+
+
+def with_run_salt(scenario: Scenario) -> Scenario:
+    """The scenario a run sends with: `prompt_salt: run` replaced by a salt drawn now (63 random
+    bits), once per run, so that every worker and machine of the run uses the same one. Anything
+    else is returned as it is."""
+    if scenario.prompt_salt != "run":
+        return scenario
+    import secrets
+
+    resolved = scenario.model_copy(update={"prompt_salt": secrets.randbits(63)})
+    resolved._salt_drawn = True
+    return resolved
+
+
+def salt_record(scenario: Scenario) -> dict:
+    """summary.json's `prompt_salt`: how the run's prompts were salted (`run`: drawn for this run;
+    `fixed`: given in the scenario; `none`: not at all, the seed alone) and the salt (null for none),
+    which `--set prompt_salt=<value>` gives again."""
+    salt = run_salt(scenario)
+    mode = "none" if salt is None else "run" if scenario._salt_drawn else "fixed"
+    return {"mode": mode, "value": salt}
+
+
+def run_salt(scenario: Scenario) -> int | None:
+    """The salt the prompts are built with; None with `prompt_salt: none`, and for a scenario no run
+    has resolved (`run`: `validate`, a test building Payloads itself): the seed alone."""
+    return scenario.prompt_salt if isinstance(scenario.prompt_salt, int) else None
+
+
+def text_seed(scenario: Scenario) -> int:
+    """The 64-bit key of the run's text (the Mooncake blocks' words, the request ids' run part):
+    the seed, mixed with the salt when there is one."""
+    salt = run_salt(scenario)
+    if salt is None:
+        return scenario.seed
+    return int(np.random.SeedSequence([scenario.seed, salt]).generate_state(1, np.uint64)[0])
+
+
 # -- lengths (used by the plan) ---------------------------------------------------------------
 
 
@@ -214,7 +258,10 @@ class Payloads:
     def __init__(self, scenario: Scenario):
         classes = scenario.workload.effective_classes()
         rng = np.random.default_rng(seed_streams(scenario)[len(scenario.phases) + PAYLOAD_STREAM])
-        words = np.array(VOCABULARY)[rng.integers(0, len(VOCABULARY), size=TEXT_WORDS)]
+        words = np.array(VOCABULARY)[rng.integers(0, len(VOCABULARY), size=TEXT_WORDS)]  # the tensors are drawn after
+        if (salt := run_salt(scenario)) is not None:  # other words of the same vocabulary, the same places
+            salted = np.random.default_rng([scenario.seed, salt])
+            words = np.array(VOCABULARY)[salted.integers(0, len(VOCABULARY), size=TEXT_WORDS)]
         self._words: list[str] = words.tolist()
         self._datasets: list[list[str] | None] = [None] * len(classes)
         self._conversations: list[list[list[str]] | None] = [None] * len(classes)
@@ -227,7 +274,7 @@ class Payloads:
         self._prefix_tokens = [c.session.shared_prefix.tokens if c.session and c.session.shared_prefix else 0
                                for c in classes]
         self._prefixes: dict[tuple[int, int], str] = {}
-        self._seed = scenario.seed
+        self._seed = text_seed(scenario)  # a Mooncake block's words
         self._tensors = [[make_tensors(c.tensors, rng, scenario, ("workload", "classes", i, "tensors"))
                           for _ in range(TENSOR_POOL)] if c.tensors else None for i, c in enumerate(classes)]
 

@@ -2,10 +2,14 @@
 mistakes on the wire: a body that cannot be read, and aiohttp's log of the requests it refuses itself.
 
 A client's mistake is a 4xx with a message, never a 500, and never a traceback in the server's log (which
-is kept for the server's own bugs). Two things got in the way:
+is kept for the server's own bugs); a client that goes away is one INFO line. Three things got in the way:
 - `request.read()` raises `RequestPayloadError` for a body its Content-Encoding does not decode (bytes
   that are not gzip under `Content-Encoding: gzip`) or a chunked body that breaks off; `read_body` turns
   it into `BodyUnreadable`, which each front end answers 400 in its own error shape.
+- `request.read()` raises ConnectionResetError ("Connection lost") when the client closes its connection
+  before the whole body came; `read_body` turns it into `ClientGone`, which the model's front end (its
+  middleware catches every other exception as a bug) logs as one INFO line: there is no one to answer.
+  (Escaping a handler, aiohttp itself drops it as a premature disconnection, at DEBUG.)
 - aiohttp answers 400 by itself to a request its parser refuses (a bad header, a bad Content-Length, an
   encoding it cannot decode), and logs each one at ERROR with a traceback, on the logger the runner is
   given; and when a body did not decode, the read aiohttp makes after the answer (to drain it) logs the
@@ -31,6 +35,12 @@ class BodyUnreadable(ValueError):
     """The body cannot be read as sent; the message says why (answered 400)."""
 
 
+class ClientGone(ConnectionResetError):
+    """The client closed its connection before it had sent the whole body (aiohttp raises
+    ConnectionResetError "Connection lost" from the read): nobody is left to answer, and nothing went
+    wrong here. The message says how much of the body came; a front end logs it as one INFO line."""
+
+
 _STATUS_PREFIX = re.compile(r"^\d{3}, message:\s*")  # how aiohttp's HTTP errors print: "400, message:\n  why"
 
 
@@ -52,6 +62,10 @@ async def read_body(request: web.Request, max_bytes: int) -> bytes:
         raise BodyTooLarge from None
     except web.RequestPayloadError as exc:
         raise BodyUnreadable(f"cannot read the request body: {reason(exc)}") from None
+    except ConnectionResetError:  # aiohttp's ClientConnectionResetError too (a subclass)
+        declared = "" if request.content_length is None else f" of {request.content_length}"
+        raise ClientGone(f"the client closed the connection while sending its request body ({request.method} "
+                         f"{request.path}, {request.content.total_bytes}{declared} bytes came)") from None
 
 
 def _client_fault(exc: BaseException | None) -> BaseException | None:

@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from reference_server import __version__, v2
 from reference_server.batcher import Batcher, InferenceFailed, Overloaded, RequestTooLarge
-from reference_server.client_errors import BodyTooLarge, BodyUnreadable, read_body
+from reference_server.client_errors import BodyTooLarge, BodyUnreadable, ClientGone, read_body
 from reference_server.metrics import Metrics, server_timing
 from reference_server.signature import Signature
 
@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 SERVER_NAME = "latscope-ref"
 RETRY_AFTER_S = 1
+CLIENT_GONE = 499  # the status a request whose client went away mid-body is counted under (never sent)
 REPLICA_ID = web.AppKey("replica_id", str)  # what X-Replica-Id says, for routes mounted later
 
 
@@ -142,6 +143,9 @@ def _observe(metrics: Metrics, replica_id: str) -> Middleware:
         except web.HTTPException as exc:
             allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else {}
             response = _error(exc.status, f"{exc.reason}: {request.method} {request.path}", **allow)
+        except ClientGone as exc:  # no one to answer; counted as 499 (nginx's "client closed request")
+            log.info("client went away: %s", exc)
+            response = _error(CLIENT_GONE, str(exc))
         except Exception as exc:  # noqa: BLE001 - a bug must still answer, and be logged with its traceback
             log.exception("unhandled error for %s %s", request.method, request.path)
             response = _error(500, f"internal error: {type(exc).__name__}: {exc}")

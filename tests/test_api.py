@@ -143,7 +143,8 @@ def test_the_capacity_search_of_the_page(here):
     assert cap.path.name.startswith("echo-capacity-") and (cap.path / "capacity.html").is_file()
     assert cap.document["scenario"] == "echo" and cap.capacity_rps == cap.document["max_rate_rps"]
     assert cap.bracket == (cap.document["bracket"]["low_rps"], cap.document["bracket"]["high_rps"])
-    assert cap.stopped in ("max_rate", "precision", "generator_limit", "slo_fails_at_lowest_rate", "max_steps", "inconclusive")
+    assert cap.stopped in ("max_rate", "precision", "undecided_band", "generator_limit", "slo_fails_at_lowest_rate", "max_steps",
+                           "inconclusive")
     assert isinstance(cap.message, str) and cap.message and cap.exit_code in (0, 1, 4)
     steps = cap.document["steps"]
     assert 1 <= len(steps) <= 3 and len(cap.step_table) == len(steps)

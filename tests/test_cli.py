@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 
 import yaml
+from aiohttp import web
 
 from conftest import MINIMAL as GOOD
-from conftest import REPO, scenario_dict
+from conftest import REPO, free_port, scenario_dict, serve
 
 LATSCOPE = [sys.executable, "-m", "latscope.cli"]
 
@@ -110,3 +111,51 @@ def test_run_prints_summary_and_exits_0(target, tmp_path):
     assert "measurement: " in r.stdout
     run_dir = next((tmp_path / "results").glob("test-*"))
     assert json.loads((run_dir / "summary.json").read_text())["slo"][0]["passed"] is True
+
+
+def _status_app(ok_query: str | None = None) -> web.Application:
+    """Answers 500 to everything, or 200 to a request whose query holds `ok_query`."""
+
+    async def handle(request: web.Request) -> web.Response:
+        return web.Response(status=200 if ok_query and ok_query in request.query else 500, text="model exploded")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    return app
+
+
+def test_a_run_where_every_request_failed_exits_1_stamped_invalid_naming_the_kinds(tmp_path):
+    """No request succeeded, so no latency was measured: exit 1 (not 0), summary.json invalid with
+    the reason, and the console names the errors' kinds and an example. Against a port nothing
+    listens on (connect errors) and a target answering 500 to everything (http_5xx)."""
+    phases = [{"name": "p", "duration": 0.5, "arrival": {"type": "constant", "rate": 10}}]
+    with serve(_status_app()) as url500:
+        for url, kind, example in ((f"http://127.0.0.1:{free_port()}", "connect", "cannot connect"),
+                                   (url500, "http_5xx", "HTTP 500 Internal Server Error")):
+            out = tmp_path / kind
+            path = write(tmp_path, yaml.safe_dump(scenario_dict(url, tmp_path, phases)))
+            r = latscope("run", str(path), "--workers", "1", "--out", str(out))
+            console = r.stdout + r.stderr
+            assert r.returncode == 1, console
+            summary = json.loads((out / "summary.json").read_text())
+            assert summary["partial"] is False and summary["validity"] == "invalid"
+            assert summary["requests"]["sent"] == summary["errors"][kind] == 5
+            (reason,) = [r for r in summary["validity_reasons"] if r.startswith("no request succeeded")]
+            assert reason.startswith(f"no request succeeded: 5 sent, 5 errors ({kind} 5): no latency was measured; e.g. {kind}: ")
+            assert example in reason
+            assert f"errors by kind: {kind} 5" in console and "INVALID" in console and example in console
+            assert "Traceback" not in console
+
+
+def test_a_run_with_a_success_exits_0_even_when_most_requests_fail(tmp_path):
+    """The other side: a request that succeeded measured latency, so errors alone are no exit 1."""
+    with serve(_status_app("ok")) as url:
+        data = scenario_dict(url, tmp_path, [{"name": "p", "duration": 0.5, "arrival": {"type": "constant", "rate": 10}}],
+                             workload={"classes": [{"name": "ok", "path": "/?ok=1", "weight": 1},
+                                                   {"name": "bad", "path": "/", "weight": 1}]})
+        r = latscope("run", str(write(tmp_path, yaml.safe_dump(data))), "--workers", "1", "--out", str(tmp_path / "r"))
+    assert (tmp_path / "r" / "summary.json").is_file(), r.stdout + r.stderr
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["requests"]["completed"] >= 1 and summary["errors"]["http_5xx"] >= 1, summary["requests"]
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not any(x.startswith("no request succeeded") for x in summary["validity_reasons"])

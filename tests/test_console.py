@@ -61,3 +61,38 @@ def test_the_final_summary_says_the_goodput_in_one_line_and_goodput_slos_in_thei
     out = io.StringIO()
     print_summary(Console(file=out, width=200), {**summary, "goodput": {}, "slo": []}, "results/x")
     assert "goodput" not in out.getvalue()
+
+
+def test_scale_from_zero_is_said_after_a_real_idle_stretch_only_of_a_target_with_replicas(tmp_path):
+    """Two real runs with an idle phase: the target that names its replica (X-Replica-Id) gets its
+    "scale from zero after idle" line; the one that names none (nothing to scale) does not, unless
+    its first request after idle really was cold (then the slowdown is worth saying either way)."""
+    from aiohttp import web
+
+    from conftest import scenario_dict, serve
+    from latscope.console import print_summary
+    from latscope.run import run_scenario
+    from latscope.scenario import scenario_from_dict
+
+    def app(replica: str | None) -> web.Application:
+        async def handle(request: web.Request) -> web.Response:
+            await request.read()
+            return web.json_response({"ok": True}, headers={"X-Replica-Id": replica} if replica else {})
+
+        application = web.Application()
+        application.router.add_post("/infer", handle)
+        return application
+
+    phases = [{"name": "a", "duration": 0.5, "arrival": {"type": "constant", "rate": 20}},
+              {"name": "pause", "duration": 0.3, "arrival": {"type": "idle"}},
+              {"name": "wake", "duration": 0.5, "arrival": {"type": "constant", "rate": 20}}]
+    said = {}
+    for replica in ("r0", None):
+        with serve(app(replica)) as url:
+            summary = run_scenario(scenario_from_dict(scenario_dict(url, tmp_path, phases)), workers=1).summary
+        (wake,) = summary["cold_start"]["scale_from_zero"]
+        out = io.StringIO()
+        print_summary(Console(file=out, width=200), summary, tmp_path)
+        said[replica] = ("scale from zero after idle, phase wake" in out.getvalue(), wake["cold"])
+    assert said["r0"][0] is True
+    assert said[None][0] is bool(said[None][1])  # not said for a wake that was not cold

@@ -211,7 +211,9 @@ def test_locust_and_gevent_live_in_one_module_which_imports_only_the_framing(gra
     of latscope only what it relays with, so that nothing that measures is ever loaded beside gevent."""
     users = {name for name, path in module_files().items() if external_imports(path) & {"locust", "gevent", "zmq"}}
     assert users == {"latscope.distributed.locustfile"}
-    assert graph["latscope.distributed.locustfile"] <= {"latscope", "latscope.distributed.frames"}
+    relay = {"latscope", "latscope.distributed", "latscope.distributed.frames", "latscope.distributed.validate"}
+    assert graph["latscope.distributed.locustfile"] <= relay  # the framing, and the checks of what a worker says
+    assert graph["latscope.distributed.validate"] <= relay
     # and only the command line reaches the distributed package from the rest of latscope
     assert [e for e in arrows(graph, ("latscope",), ("latscope.distributed",))
             if not e.startswith(("latscope.distributed", "latscope.cli "))] == []

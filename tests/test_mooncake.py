@@ -3,6 +3,7 @@ whose shared prefixes are exactly the trace's shared hash-id prefixes."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -16,7 +17,8 @@ import pytest
 from conftest import DATA
 from latscope import arrivals, mooncake
 from latscope.errors import ScenarioError
-from latscope.mooncake import block_prompt, id_capacity, mooncake_offsets, mooncake_rows, read_mooncake, scaled_lengths
+from latscope.mooncake import (ReplayLimits, block_prompt, id_capacity, line_bytes, mooncake_offsets, mooncake_rows,
+                               read_mooncake, scaled_lengths)
 from latscope.workload import VOCABULARY
 
 MOONCAKE_TRACE = DATA / "mooncake_conversation_trace.jsonl"
@@ -99,7 +101,8 @@ BAD_LINES = {
     "zero input_length": (request(input_length=0, hash_ids=[]), "input_length 0 is not an int >= 1"),
     "negative input_length": (request(input_length=-5, hash_ids=[]), "input_length -5"),
     "float input_length": (request(input_length=5.0, hash_ids=[0]), "input_length 5.0"),
-    "negative output_length": (request(output_length=-1), "output_length -1 is not an int >= 0"),
+    "negative output_length": (request(output_length=-1), "output_length -1 is not an int in [0, 2^31 - 1]"),
+    "output_length past int32": (request(output_length=2**31), "output_length 2147483648 is not an int in [0, 2^31 - 1]"),
     "hash_ids not a list": (request(input_length=5, hash_ids=3), "hash_ids is int"),
     "too few hash_ids": (request(input_length=1025, hash_ids=[0, 1]),
                          "hash_ids has 2 ids but input_length 1025 needs ceil(1025/512) = 3"),
@@ -132,6 +135,118 @@ def test_a_trace_without_requests_is_an_error(tmp_path, content):
 def test_a_missing_file_is_an_error(tmp_path):
     with pytest.raises(ScenarioError, match="not found"):
         read_mooncake(tmp_path / "nope.jsonl")
+
+
+# ---------------------------------------------------------------------------------------------
+# the scenario's limits, on the trace, when the scenario is checked (validate and run alike)
+# ---------------------------------------------------------------------------------------------
+
+LIMITS = ReplayLimits(max_prompt_tokens=1_000_000, max_requests=10_000_000, max_duration_s=31 * 86400.0,
+                      vocabulary_size=len(WORDS))
+
+
+def test_max_ids_is_the_most_blocks_a_prompt_within_the_limit_has():
+    # n ids make a prompt of at least (n - 1)·b + 1 tokens (n - 1 full blocks and one token)
+    for b in (512, 64, 3, 1):
+        n = LIMITS.max_ids(b)
+        assert (n - 1) * b + 1 <= 1_000_000 < n * b + 1
+    assert LIMITS.max_ids(512) == 1_954
+    # a limit raised past int32 is int32 all the same: lengths are int32 in the plan
+    assert dataclasses.replace(LIMITS, max_prompt_tokens=10**12).max_ids(512) == 2**22
+
+
+def test_a_request_with_more_ids_than_the_limit_is_refused_by_its_input_length(tmp_path):
+    path = write(tmp_path, request(0), request(5, 3 * 512 + 1), request(9))
+    assert len(read_mooncake(path, max_ids=4)) == 3
+    with pytest.raises(ScenarioError) as info:
+        read_mooncake(path, max_ids=3)
+    assert str(info.value).startswith(f"trace file {path}: line 2: input_length 1,537 is 4 blocks of 512 tokens; a "
+                                      "request may have at most 3 hash_ids (limits.max_prompt_tokens")
+
+
+def test_a_line_is_read_only_as_far_as_its_ids_may_go(tmp_path):
+    """A line longer than max_ids ids can take is refused from its first line_bytes bytes: the JSON is
+    never parsed (here it is not even JSON), and the lines after it are never read."""
+    path = tmp_path / "trace.jsonl"
+    limit = line_bytes(10)
+    assert limit == 10 * 21 + 4096
+    path.write_bytes(request(0).encode() + b"\n" + b"[" * (limit + 1) + b"\n" + b"not JSON\n")
+    with pytest.raises(ScenarioError) as info:
+        read_mooncake(path, max_ids=10)
+    assert str(info.value).startswith(f"trace file {path}: line 2: the line is over 4,306 bytes, more than its "
+                                      "hash_ids can take; a request may have at most 10 hash_ids")
+    # a line of exactly the most ids, each as long as an id gets, is read
+    ids = [2**63 - 1 - i for i in range(10)]
+    path.write_text(request(0, 10 * 512, 1, ids) + "\n")
+    assert len(path.read_text()) < limit and read_mooncake(path, max_ids=10).hash_ids.tolist() == ids
+
+
+def mooncake_scenario(trace: Path, limits: dict | None = None, duration: float | None = None, **arrival):
+    from latscope.scenario import scenario_from_dict
+
+    phase = {"name": "replay", "arrival": {"type": "trace", "format": "mooncake", "file": str(trace), **arrival}}
+    return scenario_from_dict({
+        "target": {"protocol": "openai", "url": "http://127.0.0.1:9", "model": "m"},
+        "phases": [{**phase, **({"duration": duration} if duration else {})}], **({"limits": limits} if limits else {})})
+
+
+def plan_error(scenario) -> str:
+    from latscope.plan import build_plan
+
+    with pytest.raises(ScenarioError) as info:
+        build_plan(scenario)
+    return str(info.value)
+
+
+def test_a_prompt_over_max_prompt_tokens_names_its_line_and_a_cap_lets_it_through(tmp_path):
+    from latscope.plan import build_plan
+
+    path = write(tmp_path, request(0, 600), request(1, 1024), request(2, 1000))
+    message = plan_error(mooncake_scenario(path, {"max_prompt_tokens": 1000}))
+    assert (f"phases[0].arrival.file: trace file {path}: line 2: input_length 1,024 makes a prompt of 1,024 tokens "
+            "(blocks of 512); the limit is 1,000 (limits.max_prompt_tokens)") in message
+    plan = build_plan(mooncake_scenario(path, {"max_prompt_tokens": 1000}, lengths={"max_prompt": 1000}))
+    assert plan.prompt_tokens.tolist() == [600, 1000, 1000]
+
+
+def test_an_id_its_prompt_text_cannot_spell_names_its_line_and_block(tmp_path):
+    from latscope.plan import build_plan
+
+    small = id_capacity(3, len(WORDS))  # blocks of 3 tokens (scale 3/512) spell 141^3 ids
+    path = write(tmp_path, request(0, 1000, 1, [0, small - 1]), request(1, 1100, 1, [0, 1, small]))
+    message = plan_error(mooncake_scenario(path, scale=3 / 512))
+    assert (f"trace file {path}: line 2: hash_ids holds 2,803,221 (block 3): blocks of 3 tokens spell at most "
+            "2,803,221 distinct ids (0 to 2,803,220)") in message
+    build_plan(mooncake_scenario(path))  # blocks of 512 tokens spell 141^4 ids
+    # blocks past a capped prompt are never built, so their ids are never spelled
+    build_plan(mooncake_scenario(path, scale=3 / 512, lengths={"max_prompt": 6}))
+
+
+def test_a_replay_too_long_or_too_big_names_the_request_past_the_limit(tmp_path):
+    from latscope.plan import build_plan
+
+    path = write(tmp_path, request(0), request(2_000), request(1_000), request(9_000_000_000_000_000))
+    message = plan_error(mooncake_scenario(path))
+    assert (f"trace file {path}: line 4: this request comes 9e+12 s into the replay; a phase lasts at most 2,678,400 s "
+            "(31 days)") in message
+    assert build_plan(mooncake_scenario(path, duration=10)).duration_s == 10  # a duration cuts the window
+    assert len(build_plan(mooncake_scenario(path, speedup=10**8))) == 4  # 90,000 s at 10^8 times the speed
+    message = plan_error(mooncake_scenario(path, {"max_planned_requests": 2}, duration=10))
+    assert (f"trace file {path}: line 2: the replay would send 3 requests, this one past the limit of 2 "
+            "(limits.max_planned_requests)") in message  # in replay order: lines 1, 3, then 2
+
+
+def test_a_csv_trace_whose_replay_is_too_long_is_refused_too(tmp_path):
+    from latscope.plan import build_plan
+    from latscope.scenario import scenario_from_dict
+
+    path = tmp_path / "trace.csv"
+    path.write_text("timestamp\n0\n1.5\n9000000000000\n")
+    phase = {"name": "replay", "arrival": {"type": "trace", "file": str(path), "time_column": "timestamp"}}
+    scenario = scenario_from_dict({"target": {"url": "http://127.0.0.1:9"}, "phases": [phase]})
+    assert f"trace file {path}: its replay would last 9e+12 s; a phase lasts at most 2,678,400 s" in plan_error(scenario)
+    phase["duration"] = 5
+    assert len(build_plan(scenario_from_dict({"target": {"url": "http://127.0.0.1:9"}, "phases": [phase]}))) == 2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,7 +288,7 @@ def test_windows_match_the_csv_trace_replay(real, speedup, start, duration):
 def test_scaling_keeps_the_block_structure(real, scale):
     rows = mooncake_rows(real)
     prompt, output, b = scaled_lengths(real, rows, scale)
-    assert prompt.dtype == np.int32 and output.dtype == np.int32
+    assert prompt.dtype == np.int64 and output.dtype == np.int64
     assert b == max(1, round(512 * scale))
     blocks = np.diff(real.hash_start)[rows]
     assert np.all((blocks - 1) * b < prompt) and np.all(prompt <= blocks * b)  # n blocks, n - 1 full

@@ -23,6 +23,7 @@ from chat_server import make_chat_app
 from conftest import REPO, free_port, serve
 from helpers import read_summary, run_cli_until
 from latscope.plan import build_plan, schedule_table
+from latscope.request_ids import request_row
 from latscope.run import run_scenario
 from latscope.scenario import scenario_from_dict
 
@@ -48,7 +49,7 @@ def by_session(log: list[dict], run_dir) -> dict[int, list[dict]]:
     schedule = pd.read_parquet(run_dir / "schedule.parquet")
     sessions = defaultdict(list)
     for entry in log:
-        row = schedule.iloc[int(entry["request_id"])]
+        row = schedule.iloc[request_row(entry["request_id"])]
         sessions[int(row["session"])].append((int(row["turn"]), entry))
     return {s: [e for _, e in sorted(turns, key=lambda t: t[0])] for s, turns in sessions.items()}
 
@@ -128,7 +129,7 @@ def test_closed_loop_users_never_exceed_their_number_in_flight(tmp_path):
     assert summary["requests"]["sent"] == len(log) and summary["requests"]["not_sent"] == 0
     chat = summary["sessions"]["chat"]
     assert chat["completed"] + chat["cut"] + chat["abandoned"] == chat["started"] and chat["completed"] > 20
-    ids = [int(e["request_id"]) for e in log]
+    ids = [request_row(e["request_id"]) for e in log]
     assert len(set(ids)) == len(ids)  # every request its own number
 
 

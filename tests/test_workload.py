@@ -12,7 +12,7 @@ from latscope.plan import build_plan
 from latscope.scenario.protocols import DEFAULT_PROMPT_TOKENS
 from latscope.records import Request
 from latscope.scenario import scenario_from_dict
-from latscope.workload import VOCABULARY, Payloads, draw_lengths
+from latscope.workload import VOCABULARY, Payloads, draw_lengths, salt_record, with_run_salt
 
 from conftest import DATA
 
@@ -160,3 +160,54 @@ def test_a_phase_can_send_only_some_classes():
     with pytest.raises(ScenarioError, match=r"phases\[1\].classes\[0\]: 'c' is not a workload class"):
         phases[1]["classes"] = ["c"]
         scenario_from_dict(_scenario([{"name": "a"}, {"name": "b"}], phases))
+
+
+def _salted(salt) -> Payloads:
+    data = _scenario([{"name": "chat", "prompt_tokens": 40, "session": {"turns": 2, "shared_prefix": {"tokens": 24, "variants": 3}}},
+                      {"name": "plain", "prompt_tokens": {"dist": "uniform", "min": 5, "max": 60}}])
+    return Payloads(scenario_from_dict({**data, "seed": 11, "prompt_salt": salt}))
+
+
+def test_a_salt_changes_the_words_and_nothing_else():
+    """Two runs with different salts send other text, of the same lengths, with the same sharing:
+    equal shared prefixes stay equal within a run and different ones different; Mooncake block ids
+    equal ↔ block text equal. The same salt (or `none`) sends the same text again; every word is
+    still one of VOCABULARY (one token each)."""
+    requests = [Request(i, 0, 1, False, prompt_tokens=5 + i % 50, item=i * 7919) for i in range(200)]
+    block_ids = [[1, 2, 3], [1, 2, 4], [5, 2, 3], [1, 2, 3]]  # prompts 0 and 3 equal, 0 and 1 share two blocks
+    mooncake = [Request(0, 0, 1, False, prompt_tokens=3 * 16, blocks=(ids, 16)) for ids in block_ids]
+
+    def texts(payloads: Payloads) -> tuple[list[str], list[str], list[list[str]]]:
+        prompts = [payloads.get(r).prompt for r in requests]
+        prefixes = [payloads.prefix(0, v) for v in (0, 1, 2, 0)]
+        blocks = [payloads.get(r).prompt.split(" ") for r in mooncake]
+        return prompts, prefixes, [[" ".join(w[k * 16:(k + 1) * 16]) for k in range(3)] for w in blocks]
+
+    one, again, two, none, unsalted = (texts(_salted(s)) for s in (1, 1, 2, "none", "run"))
+    assert one == again and none == unsalted  # a fixed salt repeats; `run` unresolved (no run drew one) is the seed's text
+    for a, b in ((one, two), (one, none)):
+        assert all(x != y for x, y in zip(a[0], b[0])) and a[1] != b[1] and a[2] != b[2]
+        assert [len(p.split(" ")) for p in a[0]] == [len(p.split(" ")) for p in b[0]] == [r.prompt_tokens for r in requests]
+        assert [len(p.split(" ")) for p in a[1]] == [len(p.split(" ")) for p in b[1]] == [24] * 4
+    for prompts, prefixes, blocks in (one, two, none):
+        assert set(" ".join(prompts + prefixes).split(" ")) <= set(VOCABULARY)
+        assert prefixes[0] == prefixes[3] and len(set(prefixes[:3])) == 3  # one variant, one text
+        flat = {(i, k): text for i, b in enumerate(blocks) for k, text in enumerate(b)}
+        ids = {(i, k): block_ids[i][k] for i in range(4) for k in range(3)}
+        assert all((flat[p] == flat[q]) == (ids[p] == ids[q]) for p in flat for q in flat)  # equal ids ↔ equal text
+
+
+def test_each_run_draws_its_own_salt_and_says_which():
+    base = scenario_from_dict(_scenario([{"name": "a", "prompt_tokens": 10}]))
+    drawn = [with_run_salt(base) for _ in range(3)]
+    assert len({d.prompt_salt for d in drawn}) == 3 and all(isinstance(d.prompt_salt, int) for d in drawn)
+    assert [salt_record(d)["mode"] for d in drawn] == ["run"] * 3 and salt_record(drawn[0])["value"] == drawn[0].prompt_salt
+    fixed = scenario_from_dict({**_scenario([{"name": "a", "prompt_tokens": 10}]), "prompt_salt": 42})
+    assert with_run_salt(fixed) is fixed and salt_record(fixed) == {"mode": "fixed", "value": 42}
+    none = scenario_from_dict({**_scenario([{"name": "a", "prompt_tokens": 10}]), "prompt_salt": "none"})
+    assert salt_record(with_run_salt(none)) == {"mode": "none", "value": None}
+    # the plan (times, lengths, items) is the seed's alone: a salt changes the words only
+    plans = [build_plan(s) for s in (base, drawn[0], none)]
+    for p in plans[1:]:
+        assert np.array_equal(p.offsets_s, plans[0].offsets_s) and np.array_equal(p.prompt_tokens, plans[0].prompt_tokens)
+        assert np.array_equal(p.item, plans[0].item)

@@ -441,9 +441,20 @@ def capacity_events(cold: dict | None) -> list[dict]:
     for u in cold.get("scale_up", []):
         add("scale_up", u.get("replica"), u.get("issued_at_s"), u.get("first_sent_s", u["first_seen_s"]), u, u.get("first_latency_ms"),
             "replica_latency", u.get("class") or u.get("replica"))
+    scales = can_scale(cold)
     for w in cold.get("scale_from_zero", []):
-        add("scale_from_zero", w.get("phase"), w["at_s"] - (w.get("idle_gap_s") or 0.0), w["at_s"], w, w.get("first_latency_ms"))
+        if scales or w.get("cold"):  # else "not cold after idle" says nothing of a target that has nothing to scale
+            add("scale_from_zero", w.get("phase"), w["at_s"] - (w.get("idle_gap_s") or 0.0), w["at_s"], w, w.get("first_latency_ms"))
     return sorted(out, key=lambda e: e["at_s"])
+
+
+def can_scale(cold: dict) -> bool:
+    """Whether the run showed a target that can change its capacity: it named replicas (X-Replica-Id:
+    a replica's start, one added by an action, the replica that answered after an idle stretch). Only
+    then does a first request after idle that was not cold say something (the target kept its
+    capacity); a cold one says it by itself, replicas or not."""
+    return (any(s.get("kind") == "replica" for s in cold.get("starts") or [])
+            or bool(cold.get("scale_up")) or any(w.get("replica") for w in cold.get("scale_from_zero") or []))
 
 
 KIND_LABEL = {"launch": "target launch", "restart": "restart", "scale_up": "scale-up", "scale_from_zero": "scale from zero"}

@@ -50,12 +50,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
+from pydantic import ValidationError
 
 from latscope import results
 from latscope.analysis import run_data
 from latscope.analysis.quantile_ci import QuantileCI, RatioCI, quantile_ci, ratio_ci
-from latscope.analysis.verdicts import slo_verdicts
+from latscope.analysis.verdicts import NO_SUCCESS, slo_verdicts
+from latscope.errors import ResultsError
+from latscope.results.reading import read_scenario
 from latscope.scenario.gate_file import GateFile, RegressionPolicy
 from latscope.scenario.settings import Slo
 
@@ -107,12 +109,25 @@ def gate_run(run_dir: str | Path, metrics: set[str]) -> GateRun:
     for metric in metrics:
         for cls, by_interval in run_data.metric_intervals(run, metric).items():
             intervals[(metric, cls)] = by_interval.compact_counts(~run.is_warmup(by_interval.start_s))
-    slos: list[Slo] = []
-    scenario_file = run.path / results.SCENARIO
-    if scenario_file.exists():
-        data = yaml.safe_load(scenario_file.read_text()) or {}
-        slos = [Slo.model_validate(s) for s in data.get("slos") or []]
-    return GateRun(run.path, run.summary, intervals, slos)
+    return GateRun(run.path, run.summary, intervals, scenario_slos(run.path))
+
+
+def scenario_slos(run_dir: Path) -> list[Slo]:
+    """The SLOs of the scenario a run ran (its scenario.yaml); [] without the file. ResultsError
+    naming the file when they are not a list of SLOs."""
+    slos = read_scenario(run_dir).get("slos") or []
+    where = run_dir / results.SCENARIO
+    if not isinstance(slos, list):
+        raise ResultsError(f"{where}: slos is not a list")
+    checked = []
+    for i, slo in enumerate(slos):
+        try:
+            checked.append(Slo.model_validate(slo))
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            field = ".".join(str(part) for part in (i, *error["loc"]))
+            raise ResultsError(f"{where}: slos.{field}: {error['msg']}") from None
+    return checked
 
 
 # --------------------------------------------------------------------------------------------------
@@ -128,9 +143,10 @@ def validity_check(summary: dict, role: str) -> Check:
         return Check("validity", name, INCONCLUSIVE, f"{role} run was cut short ({summary.get('abort_reason') or 'partial'}): not a complete measurement",
                      {"validity": stamp, "partial": True})
     if stamp == "invalid":
-        return Check("validity", name, INCONCLUSIVE,
-                     f"{role} run is invalid — the load generator fell behind, so it measured itself, not the target: "
-                     + "; ".join(reasons), {"validity": stamp, "reasons": reasons})
+        why = ("" if any(str(r).startswith(NO_SUCCESS) for r in reasons)  # the reason says it: no latency measured
+               else " — the load generator fell behind, so it measured itself, not the target")
+        return Check("validity", name, INCONCLUSIVE, f"{role} run is invalid{why}: " + "; ".join(reasons),
+                     {"validity": stamp, "reasons": reasons})
     text = f"{role} run is {stamp}" + (f" ({'; '.join(reasons)})" if reasons else "")
     return Check("validity", name, PASS, text, {"validity": stamp, "reasons": reasons})
 

@@ -14,7 +14,6 @@ An interval that straddles the end of a warm-up phase is therefore left out whol
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from latscope import results
 from latscope.errors import ResultsError
 from latscope.recorder import bucket_bounds, from_sparse, new_histogram
 from latscope.results.hlog import read_sparse
+from latscope.results.reading import check_summary, read_json
 from latscope.results.schema import NODE_COLUMNS, TELEMETRY_COLUMNS
 
 
@@ -177,16 +177,7 @@ def optional_table(path: Path) -> pd.DataFrame | None:
 def _summary(path: Path) -> dict:
     if not path.is_file():
         raise ResultsError(f"{path.parent}: not a results directory ({results.SUMMARY} is missing)")
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ResultsError(f"{path}: unreadable ({exc})") from None
-    if not isinstance(summary, dict) or "schema_version" not in summary:
-        raise ResultsError(f"{path}: not a latscope summary (no schema_version)")
-    if summary["schema_version"] > results.SCHEMA_VERSION:
-        raise ResultsError(f"{path}: schema_version {summary['schema_version']} is newer than this "
-                           f"latscope reads ({results.SCHEMA_VERSION}); upgrade latscope")
-    return summary
+    return check_summary(read_json(path), path)  # the shapes every reader relies on (results/reading.py)
 
 
 def _events(path: Path) -> list[dict]:
@@ -255,8 +246,11 @@ def metric_intervals(run: RunData, metric: str) -> dict[str, ClassIntervals]:
             lengths.append(length_s)
             indices.append(nz)
             values.append(counts)
+    except UnicodeDecodeError:
+        raise ResultsError(f"{path}: unreadable (not UTF-8 text; the file is damaged)") from None
     except (OSError, ValueError) as exc:
-        raise ResultsError(f"{path}: unreadable ({exc})") from None
+        message = str(exc)  # hlog.py's already names the file and the line
+        raise ResultsError(message if message.startswith(f"{path}:") else f"{path}: unreadable ({exc})") from None
     out = {}
     for cls, (starts, lengths, indices, values) in parts.items():
         order = np.argsort(np.asarray(starts), kind="stable")

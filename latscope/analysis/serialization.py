@@ -22,9 +22,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
 from latscope.analysis.run_data import RunData
+from latscope.results.reading import read_scenario
 
 COLUMNS = ("class", "protocol", "part", "mean_ms", "share", "latency_ms")
 
@@ -71,11 +71,8 @@ def _one(values) -> str | None:
 
 def class_protocols(run_dir: Path) -> dict[str, str]:
     """class -> protocol, from the run's scenario.yaml (a class's own protocol, else the
-    target's); {} when the file is missing or unreadable (the breakdown does not need it)."""
-    try:
-        scenario = yaml.safe_load((Path(run_dir) / "scenario.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        return {}
+    target's); {} when the file is missing (ResultsError when damaged: results/reading.py)."""
+    scenario = read_scenario(Path(run_dir))
     target = scenario.get("target") or {}
     default = target.get("protocol") or "http"
     classes = (scenario.get("workload") or {}).get("classes") or [{"name": "default"}]

@@ -4,7 +4,8 @@ What each function computes, all read from the files a run wrote, nothing measur
 
 - `session_table`: per class that ran sessions (summary.json `sessions`, outside warm-up), how its
   sessions ended — started, completed, abandoned (a turn failed or was dropped at the in-flight cap),
-  cut (the run ended first), the turns those did not send — the session duration's p50 and p99 (a
+  cut (the run ended first), history_limit (its carried history passed its bound), the turns those
+  did not send — the session duration's p50 and p99 (a
   completed session: turn 1's intended time → its last answer's end) and its prefix-cache hit rate.
 - `turn_table`: per class × turn, that turn's requests: completed, errors, prompt tokens, cached and
   cache-reported prompt tokens, the hit rate (cached ÷ cache-reported prompt tokens; None when the
@@ -14,9 +15,10 @@ What each function computes, all read from the files a run wrote, nothing measur
 - `prefix_cache_table`: per class and "all", the prefix cache over every request (summary.json
   `tokens.<class>.prefix_cache`), runs without sessions included (a Mooncake trace replay).
 - `session_timeline`: per interval × class, from timeseries.parquet's session counters (warm-up
-  included, flagged): sessions started and ended (completed, abandoned, cut) in the interval, turns
-  not sent, and the sessions in progress at the interval's end (cumulative started − cumulative
-  ended). Empty for a file written before those counters existed (a missing column is absent, not 0).
+  included, flagged): sessions started and ended (completed, abandoned, cut, history_limit) in the
+  interval, turns not sent, and the sessions in progress at the interval's end (cumulative started −
+  cumulative ended). Empty for a file written before those counters existed (a missing column is
+  absent, not 0), except history_limit, added later: a file without its column ended none that way.
 - `load_model`: summary.json `load`: open loop, or closed/mixed with its users and the note that says
   how to read it (the offered load follows the server: coordinated omission).
 
@@ -33,14 +35,15 @@ import pandas as pd
 from latscope.analysis.run_data import RunData
 from latscope.results.schema import SESSION_COUNTERS, TURN_COUNTERS, TURN_METRICS, TURN_PREFIX, split_turn_class
 
-SESSION_COLUMNS = ("class", "started", "completed", "abandoned", "cut", "turns_not_sent", "duration_count",
+SESSION_COLUMNS = ("class", "started", "completed", "abandoned", "cut", "history_limit", "turns_not_sent", "duration_count",
                    "duration_p50_ms", "duration_p99_ms", "cached_tokens", "prompt_tokens", "hit_rate")
 TURN_STATS = ("p50_ms", "p99_ms")
 TURN_COLUMNS = ("class", "turn", *TURN_COUNTERS, "hit_rate",
                 *(f"{m}_{s}" for m in TURN_METRICS for s in TURN_STATS), *(f"{m}_count" for m in TURN_METRICS))
 CACHE_COLUMNS = ("class", "cached_tokens", "prompt_tokens", "hit_rate")
-TIMELINE_COLUMNS = ("t_s", "class", "phase", "warmup", "started", "completed", "abandoned", "cut", "ended",
-                    "turns_not_sent", "in_progress")
+TIMELINE_COLUMNS = ("t_s", "class", "phase", "warmup", "started", "completed", "abandoned", "cut", "history_limit",
+                    "ended", "turns_not_sent", "in_progress")
+LATER_SESSION_COUNTERS = ("sessions_history_limit",)  # added after the others: a file written before has none (0)
 CLOSED_MODELS = ("closed", "mixed")
 
 
@@ -137,7 +140,7 @@ def session_timeline(run: RunData) -> pd.DataFrame:
     the file has no session counters or no session started."""
     ts = run.timeseries
     empty = pd.DataFrame({c: [] for c in TIMELINE_COLUMNS})
-    if not len(ts) or any(c not in ts for c in ("metric", "class", *SESSION_COUNTERS)):
+    if not len(ts) or any(c not in ts for c in ("metric", "class", *SESSION_COUNTERS) if c not in LATER_SESSION_COUNTERS):
         return empty
     rows = ts[ts["metric"] == "latency"]
     started = rows.groupby("class", sort=False)["sessions_started"].sum()
@@ -149,12 +152,13 @@ def session_timeline(run: RunData) -> pd.DataFrame:
     frames = []
     for cls in classes:
         df = rows[rows["class"] == cls].sort_values("interval_start_s", kind="stable")
-        counts = {c.removeprefix("sessions_"): df[c].fillna(0).to_numpy(np.int64) for c in SESSION_COUNTERS}
-        ended = counts["completed"] + counts["abandoned"] + counts["cut"]
+        counts = {c.removeprefix("sessions_"): df[c].fillna(0).to_numpy(np.int64) if c in df else np.zeros(len(df), np.int64)
+                  for c in SESSION_COUNTERS}
+        ended = counts["completed"] + counts["abandoned"] + counts["cut"] + counts["history_limit"]
         frames.append(pd.DataFrame({
             "t_s": df["interval_start_s"].to_numpy(float), "class": cls, "phase": df["phase"].to_numpy(object),
             "warmup": df["phase"].isin(run.warmup_phases).to_numpy(bool),
-            **{k: counts[k] for k in ("started", "completed", "abandoned", "cut")}, "ended": ended,
+            **{k: counts[k] for k in ("started", "completed", "abandoned", "cut", "history_limit")}, "ended": ended,
             "turns_not_sent": counts["turns_not_sent"], "in_progress": np.cumsum(counts["started"]) - np.cumsum(ended),
         }))
     return pd.concat(frames, ignore_index=True)[list(TIMELINE_COLUMNS)]

@@ -4,8 +4,9 @@ confidence, found in a bounded number of steps, and what a request costs there.
 | module | holds |
 | --- | --- |
 | shape.py | a scenario's traffic scaled by one factor; its measured rate |
-| search.py | the bracket: double until a fail, then bisect; the stop reasons and their exit codes |
-| runner.py | the steps (each an ordinary run, judged by analysis/slo_confidence.py), capacity.json |
+| search.py | the next rate from the confident ends and the undecided band; the stop reasons and their exit codes |
+| steps.py | one step: its looks (a run and up to two extensions) pooled and judged; a dead target |
+| runner.py | the search loop, the confident ends and the undecided band, capacity.json |
 """
 
 from latscope.capacity.runner import CapacityOptions, StepStart, find_capacity

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from latscope.arrivals import expected_arrivals, phase_offsets
+from latscope.plan import replay_limits
 from latscope.scenario import Scenario
 
 # The fields of each arrival model that are rates (per second): what a factor multiplies.
@@ -30,11 +31,13 @@ RATE_FIELDS = {
 def _durations(scenario: Scenario) -> list[float]:
     """Each phase's duration in seconds (a trace phase without one: as long as its trace)."""
     out = []
-    for p in scenario.phases:
+    for i, p in enumerate(scenario.phases):
         if p.duration is not None:
             out.append(p.duration)
         else:
-            out.append(phase_offsets(p.arrival, None, np.random.default_rng(0), scenario.resolve_path)[1])
+            with scenario.about(("phases", i, "arrival", "file")):  # a trace's problem names the line that named it
+                out.append(phase_offsets(p.arrival, None, np.random.default_rng(0), scenario.resolve_path,
+                                         replay_limits(scenario))[1])
     return out
 
 
@@ -47,7 +50,8 @@ def measured_rate(scenario: Scenario) -> float:
     """The measured phases' expected requests per second (their expected arrivals / their duration)."""
     durations = _durations(scenario)
     total = sum(d for p, d in zip(scenario.phases, durations) if not p.warmup)
-    count = sum(expected_arrivals(p.arrival, d, scenario.resolve_path)
+    limits = replay_limits(scenario)
+    count = sum(expected_arrivals(p.arrival, d, scenario.resolve_path, limits)
                 for p, d in zip(scenario.phases, durations) if not p.warmup)
     return count / total if total else 0.0
 

@@ -13,11 +13,13 @@ relay, and measure nothing:
   worker's relay a **node** (node.py), each a plain process started with `subprocess` (a
   multiprocessing child of the `locust` script comes out gevent-patched too) on a socketpair;
 - they pump frames (frames.py) between those children and Locust custom messages, undecoded;
-- they admit the roster at Locust's test start (`--expect-workers` met): workers that said hello with
-  this latscope and wire version, in Locust's worker order; a worker that joins later is refused;
+- they admit the roster at Locust's test start (`--expect-workers` met): workers that said a valid
+  hello (validate.py) with this latscope and wire version, in Locust's worker order; a worker that
+  joins later, or whose hello is not valid, is refused with the reason;
 - the master's relay pings each node's relay for its clock (clock.py) and tells the coordinator
   when Locust marks a worker missing or it leaves; the worker's relay passes each master heartbeat
-  to its node as `alive` (no heartbeat for `--latscope-master-timeout` s: the node stops sending).
+  to its node as `alive` (no heartbeat for `--latscope-master-timeout` s: the node stops sending),
+  and leaves, its node stopped, when its master's heartbeats stop for FOLLOW_S (a master killed).
 
 The run ends when the coordinator exits: its exit code becomes Locust's (0, 1 partial or failed,
 2 bad input, 3/4 a failed gate).
@@ -42,6 +44,7 @@ from locust import LoadTestShape, User, constant, events, task
 from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 
 from latscope import __version__
+from latscope.distributed import validate
 from latscope.distributed.frames import WIRE_VERSION, PeerGone, recv_frame, send_frame
 
 __all__ = ["LatscopeIdleUser", "LatscopeShape"]  # what `from latscope.distributed.locustfile import *` must give Locust
@@ -53,6 +56,10 @@ WATCH_S = 0.25  # how often the master looks for missing workers
 HELLO_ASK_S = 0.25  # how often the master asks connected workers for their hello
 HELLO_WAIT_S = 10.0  # at the test start, how long to wait for connected workers' hellos
 QUIT_WAIT_S = 40.0  # how long Locust's shutdown waits for the coordinator to write its results
+# A worker that hears no master heartbeat (one a second) for this long leaves, stopping its node: the
+# master would mark it missing after as long (Locust's 3 missed heartbeats), and Locust's own worker
+# waits 60 s. (Before the first heartbeat a worker waits for its master, however long.)
+FOLLOW_S = 3.0
 
 
 @events.init_command_line_parser.add_listener
@@ -118,6 +125,7 @@ class _MasterRelay:
         self.roster: list[str] | None = None
         self.exit_code: int | None = None
         self.reported_lost: set[str] = set()
+        self.pinged: dict[str, set[int]] = {}  # each roster worker's pings not answered yet (their t1)
         args = ["latscope", "run", opts.latscope_scenario, "--relay-fd", "{fd}", "--expect-workers", str(self.expect),
                 "--on-node-loss", opts.latscope_on_node_loss, "--master-timeout", str(opts.latscope_master_timeout)]
         args += [a for kv in opts.latscope_set for a in ("--set", kv)]
@@ -151,6 +159,8 @@ class _MasterRelay:
                 frame = recv_frame(self.sock)
                 if frame["t"] == "down":
                     self.runner.send_message("latscope:down", frame["f"], client_id=frame["n"])
+                elif frame["t"] == "reject":  # a node the coordinator dropped: its worker is told why, and leaves
+                    self.runner.send_message("latscope:reject", {"why": frame["why"]}, client_id=frame["n"])
         except (PeerGone, OSError):
             pass
         while (code := self.coordinator.poll()) is None:
@@ -172,15 +182,17 @@ class _MasterRelay:
             gevent.sleep(HELLO_ASK_S)
 
     def on_hello(self, environment, msg) -> None:  # noqa: ANN001
-        hello = {**msg.data, "n": msg.node_id}
         if self.heard(msg.node_id):
             return  # asked twice before its first answer came
-        if hello.get("latscope") != __version__ or hello.get("wire") != WIRE_VERSION:
-            self.refuse(msg.node_id, f"it runs latscope {hello.get('latscope')} (wire {hello.get('wire')}); "
-                                     f"the master runs latscope {__version__} (wire {WIRE_VERSION})", hello.get("host"))
-        elif self.roster is not None:
+        host = msg.data.get("host") if isinstance(msg.data, dict) and isinstance(msg.data.get("host"), str) else None
+        try:
+            hello = {**validate.hello(msg.data), "n": msg.node_id}  # this latscope and wire version, and sane
+        except validate.InvalidMessage as exc:
+            self.refuse(msg.node_id, str(exc), host)
+            return
+        if self.roster is not None:
             self.refuse(msg.node_id, "the run has started with its workers; a worker that joins late is refused "
-                                     "(start a new run to use more workers)", hello.get("host"))
+                                     "(start a new run to use more workers)", hello["host"])
         else:
             self.hellos[msg.node_id] = hello
 
@@ -189,7 +201,7 @@ class _MasterRelay:
         return client_id in self.hellos or any(r["n"] == client_id for r in self.refused)
 
     def refuse(self, client_id: str, why: str, host: str | None = None) -> None:
-        host = host or self.hellos.get(client_id, {}).get("host") or client_id
+        host = validate.printable(host or self.hellos.get(client_id, {}).get("host") or client_id)
         _say(f"refused worker {host}: {why}")
         self.refused.append({"n": client_id, "host": host, "why": why})
         self.runner.send_message("latscope:reject", {"why": why}, client_id=client_id)
@@ -214,17 +226,24 @@ class _MasterRelay:
         gevent.spawn(self.watch)
 
     def ping(self, client_id: str) -> None:
-        count = PINGS
+        count, waiting = PINGS, self.pinged.setdefault(client_id, set())
         while self.exit_code is None:
             for _ in range(count):
-                self.runner.send_message("latscope:ping", {"t1": time.perf_counter_ns()}, client_id=client_id)
+                waiting.add(t1 := time.perf_counter_ns())
+                self.runner.send_message("latscope:ping", {"t1": t1}, client_id=client_id)
                 gevent.sleep(0.01)
             count = REPINGS
             gevent.sleep(REPING_S)
 
     def on_pong(self, environment, msg) -> None:  # noqa: ANN001 - runs in Locust's socket reader: stamp first
         t4 = time.perf_counter_ns()
-        self.to_coordinator({"t": "clock", "n": msg.node_id, "t1": msg.data["t1"], "t2": msg.data["t2"], "t4": t4})
+        if self.roster is not None and msg.node_id in self.roster:  # checked by the coordinator (validate.pong)
+            t1 = msg.data.get("t1") if isinstance(msg.data, dict) else None
+            waiting = self.pinged.get(msg.node_id, set())
+            asked = isinstance(t1, int) and t1 in waiting  # an answer to a ping of ours, once: no forged t1, no flood
+            if asked:
+                waiting.discard(t1)
+            self.to_coordinator({"t": "clock", "n": msg.node_id, "pong": msg.data, "t4": t4, "asked": asked})
 
     def on_up(self, environment, msg) -> None:  # noqa: ANN001
         if self.roster is not None and msg.node_id in self.roster:
@@ -275,6 +294,7 @@ class _WorkerRelay:
         opts = environment.parsed_options
         self.engines = opts.latscope_engines or os.cpu_count() or 1
         self.quitting = False
+        self.heartbeat_at: float | None = None  # when the master's last heartbeat came (None: none yet)
         self.node, self.sock = _child(["latscope.distributed.node", "--fd", "{fd}"])
         self.runner.register_message("latscope:who", self.on_who)
         self.runner.register_message("latscope:ping", self.on_ping)
@@ -285,6 +305,7 @@ class _WorkerRelay:
         for sig in (signal.SIGINT, signal.SIGTERM):
             gevent.signal_handler(sig, self.on_signal)
         gevent.spawn(self.pump)
+        gevent.spawn(self.follow)
 
     def on_who(self, environment, msg) -> None:  # noqa: ANN001
         import numpy
@@ -301,7 +322,20 @@ class _WorkerRelay:
         self.to_node(msg.data)
 
     def on_heartbeat(self, **_) -> None:
+        self.heartbeat_at = time.monotonic()
         self.to_node({"t": "alive"})
+
+    def follow(self) -> None:
+        """The master's heartbeats stopped for FOLLOW_S (it was killed, or cut off): this worker
+        leaves, its node stopped, rather than wait out Locust's 60 s."""
+        while not self.quitting:
+            if self.heartbeat_at is not None and time.monotonic() - self.heartbeat_at > FOLLOW_S:
+                _say(f"no heartbeat from the master for {FOLLOW_S:g} s: this worker leaves")
+                self.env.process_exit_code = 1
+                self.stop_node()
+                gevent.spawn(self.runner.quit)
+                return
+            gevent.sleep(0.2)
 
     def to_node(self, frame: dict) -> None:
         try:
@@ -329,6 +363,7 @@ class _WorkerRelay:
         except (PeerGone, OSError):
             pass
         code = self.node.wait()
+        self.end_group()
         if code != 0 and not self.quitting:  # it failed, or stopped for want of a master: this worker is done
             self.runner.send_message("latscope:up", {"t": "failed", "error": f"the node process exited with code {code}"})
             self.env.process_exit_code = 1
@@ -342,6 +377,15 @@ class _WorkerRelay:
             gevent.sleep(0.05)
         if self.node.poll() is None:
             self.node.kill()
+        self.end_group()
+
+    def end_group(self) -> None:
+        """Whatever the node left running (its engines, multiprocessing's resource tracker: a node
+        killed in its setup leaves them) ends with it: they are in its process group (its own session)."""
+        try:
+            os.killpg(self.node.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # nothing left
 
     def on_quitting(self, **_) -> None:
         self.stop_node()

@@ -32,9 +32,11 @@ from pydantic import BaseModel
 
 from latscope import __version__, results
 from latscope.analysis.verdicts import RANK, node_validity
+from latscope.distributed import validate
 from latscope.distributed.clock import ClockEstimate
 from latscope.distributed.frames import WIRE_VERSION, PeerGone, recv_sized, send_frame
-from latscope.distributed.wire import CHUNK, decode_report, encode_plan, file_sha256, shift_report
+from latscope.distributed.validate import InvalidMessage, printable
+from latscope.distributed.wire import CHUNK, decode_report, encode_plan, file_sha256, report_limits, shift_report
 from latscope.errors import RunError
 from latscope.plan import Plan
 from latscope.records import IntervalReport, WorkerDone, WorkerFailed, WorkerMessage, WorkerReady
@@ -46,6 +48,10 @@ from latscope.scenario import Scenario, secret_values
 
 CLOCK_SAMPLES = 16  # pings before a node counts as ready (the shortest round trip gives the estimate)
 MIN_START_DELAY_S = 0.5  # t0 is at least this far ahead when the start goes out (five hops, gevent on two)
+# A node's first CLOCK_SAMPLES clock answers are waited for this long after the roster: on loopback
+# they take 0.2 s; a lossy link has the relay's re-pings, 4 every 5 s (locustfile.REPING_S), twice over.
+CLOCK_WAIT_S = 12.0
+AHEAD_INTERVALS = 2  # a report may be for at most this many intervals past the current one (clock error, slack)
 
 
 @dataclass
@@ -61,6 +67,7 @@ class NodeState:
     reported_ready: bool = False
     done: bool = False  # it sent its last frame: a Locust worker leaving after that is no loss
     lost_ns: int | None = None
+    intervals: set = field(default_factory=set)  # the intervals it has reported (each once)
     reason: str | None = None
     late_ms: float | None = None
     cpu_max: float | None = None
@@ -79,7 +86,8 @@ class RemotePool:
         self.sock, self.scenario, self.plan, self.events = sock, scenario, plan, events
         self.source = scenario_file.read_text()
         self.scenario_name = scenario_file.name
-        self.overrides = list(overrides)
+        # and the run's prompt salt (drawn once for the run: workload.with_run_salt), so every machine builds its prompts
+        self.overrides = [*overrides, f"prompt_salt={scenario.prompt_salt}"]
         check_no_secrets(self.source, self.overrides, secret_values(scenario))
         self.senders, self.engines = expect, 0
         self.on_node_loss, self.master_timeout_s = on_node_loss, master_timeout_s
@@ -88,6 +96,10 @@ class RemotePool:
         self.locust_version: str | None = None
         self.rows: list[tuple] = []
         self.files = payload_files(scenario)  # as written -> (local path, sha256, size)
+        # a node's reports end by the collector's hard deadline (planned duration + target timeout + 30 s), and 30 s more
+        last = math.ceil((plan.duration_s + scenario.target.timeout + 60.0) / scenario.output.interval)
+        self.limits = report_limits(plan, last, {digest: size for _, digest, size in self.files.values()})
+        self.roster_at: float | None = None
         self._lost: list[tuple[int, str]] = []
         self._inbox: queue.Queue[dict] = queue.Queue()
         self._lock = threading.Lock()
@@ -117,6 +129,7 @@ class RemotePool:
                 break
             if (message := self._on_frame(frame)) is not None:
                 return message
+        self._check_clocks()
         return self._newly_ready()
 
     def lost(self) -> list[tuple[int, str]]:
@@ -168,8 +181,13 @@ class RemotePool:
             self._take_roster(frame)
         elif kind == "refused":
             self.events.emit("node_rejected", host=frame["host"], reason=frame["why"])
-        elif kind == "clock" and (node := self.by_client.get(frame["n"])):
-            node.clock.add(frame["t1"], frame["t2"], frame["t4"])
+        elif kind == "clock" and (node := self.by_client.get(frame["n"])) and node.status == "ok":
+            try:
+                t1, t2 = validate.pong(frame["pong"], frame["asked"])
+            except InvalidMessage as exc:
+                self._drop(node, str(exc))
+                return None
+            node.clock.add(t1, t2, frame["t4"])
         elif kind == "lost" and (node := self.by_client.get(frame["n"])) and node.status == "ok" and not node.done:
             node.status, node.lost_ns = "lost", time.perf_counter_ns()
             node.reason = f"node {node.index} ({node.host}) lost: {frame['why']}"
@@ -178,8 +196,31 @@ class RemotePool:
         elif kind == "up" and (node := self.by_client.get(frame["n"])):
             node.frame_bytes += frame["bytes"]
             if node.status == "ok":  # a lost node that comes back (Locust lets a missing worker heal) is not heard
-                return self._from_node(node, frame["f"])
+                try:
+                    return self._from_node(node, validate.frame(frame["f"], self.limits))
+                except InvalidMessage as exc:
+                    self._drop(node, str(exc))
         return None
+
+    def _drop(self, node: NodeState, why: str) -> None:
+        """A node that sent something invalid: stopped, told why (its worker leaves), and reported
+        like a lost one (`node_failed`), which ends the run partial, naming it and the reason."""
+        node.status, node.lost_ns = "failed", time.perf_counter_ns()
+        node.reason = f"node {node.index} ({node.host}) dropped: {why}"
+        self.events.emit("node_failed", node=node.index, host=node.host, error=why)
+        self._down(node, {"t": "stop"})
+        self._send({"t": "reject", "n": node.client, "why": why})
+        self._lost.append((node.index, node.reason))
+
+    def _check_clocks(self) -> None:
+        """A node whose clock answers have not come within CLOCK_WAIT_S of the roster is dropped:
+        without its clock there is no t0 to give it, and the run would wait for it for ever."""
+        if self.roster_at is None or time.monotonic() - self.roster_at < CLOCK_WAIT_S:
+            return
+        for node in self.nodes:
+            if node.status == "ok" and not node.reported_ready and node.clock.samples < CLOCK_SAMPLES:
+                self._drop(node, f"it answered {node.clock.samples} of the first {CLOCK_SAMPLES} clock pings within "
+                                 f"{CLOCK_WAIT_S:g} s")
 
     def _take_roster(self, frame: dict) -> None:
         self.locust_version = frame["locust"]
@@ -194,7 +235,8 @@ class RemotePool:
                            f"{', '.join(elsewhere)}: their requests would go to their own loopback. Give the target "
                            "an address the workers reach (and bind it there)")
         first = 0
-        for i, hello in enumerate(nodes):
+        self.roster_at = time.monotonic()
+        for i, hello in enumerate(nodes):  # each hello checked by the relay (validate.hello)
             node = NodeState(i, hello["n"], hello["host"], int(hello["engines"]), first)
             first += node.engines
             self.nodes.append(node)
@@ -212,7 +254,8 @@ class RemotePool:
     def _from_node(self, node: NodeState, f: dict) -> WorkerMessage | None:
         kind = f["t"]
         if kind == "interval":
-            report = shift_report(decode_report(f["blob"], node.index), -node.clock.offset_ns)
+            self._check_interval(node, f["k"])
+            report = shift_report(decode_report(f["blob"], node.index, self.limits, f["k"]), -node.clock.offset_ns)
             self._note_health(node, report, f.get("cpu"))
             return report
         if kind == "ready":
@@ -227,9 +270,21 @@ class RemotePool:
             return WorkerDone(node.index, f["not_sent"], f["error_examples"], f["unaccounted"])
         elif kind == "failed":
             node.status, node.reason = "failed", f"node {node.index} ({node.host}) failed"
-            self.events.emit("node_failed", node=node.index, host=node.host, error=f["error"].strip().splitlines()[-1])
+            self.events.emit("node_failed", node=node.index, host=node.host,
+                             error=(f["error"].strip().splitlines() or ["(no message)"])[-1].strip())
             return WorkerFailed(node.index, f"{node.reason}:\n{f['error']}")
         return None
+
+    def _check_interval(self, node: NodeState, k: int) -> None:
+        """A report is for an interval that has begun (give or take AHEAD_INTERVALS), once per node:
+        what the collector holds for intervals not yet complete stays bounded."""
+        now = None if self.t0_ns is None else (time.perf_counter_ns() - self.t0_ns) / 1e9 / self.interval_s
+        if now is None or k > now + AHEAD_INTERVALS:
+            raise InvalidMessage(f"a report for interval {k}, " + ("before the run started" if now is None else
+                                                                  f"in interval {max(0, int(now))} of the run"))
+        if k in node.intervals:
+            raise InvalidMessage(f"a second report for interval {k}")
+        node.intervals.add(k)
 
     def _newly_ready(self) -> WorkerReady | None:
         """A node is ready once its engines are and its clock has been measured CLOCK_SAMPLES times."""
@@ -279,7 +334,7 @@ class RemotePool:
         for n in self.nodes:
             lag = {m: summarize(h).get("p99_ms") for m, h in (("send_lag", n.send_lag), ("loop_lag", n.loop_lag))}
             nodes.append({
-                "node": n.index, "host": n.host, "locust_client_id": n.client, "engines": n.engines, "status": n.status,
+                "node": n.index, "host": n.host, "locust_client_id": printable(n.client), "engines": n.engines, "status": n.status,
                 "lost_at_s": None if n.lost_ns is None or self.t0_ns is None else round((n.lost_ns - self.t0_ns) / 1e9, 3),
                 "reason": n.reason, "clock": n.clock.summary(run_s) if n.clock.best else None,
                 "start_late_ms": n.late_ms,

@@ -25,10 +25,13 @@ from typing import Any
 
 import numpy as np
 
+from latscope.distributed import validate
 from latscope.distributed.frames import pack, unpack
 
 from latscope.plan import Plan, PhasePlan
 from latscope.records import IntervalReport, Probe
+from latscope.recorder import new_histogram
+from latscope.results.schema import COUNTERS, TURN_COUNTERS
 from latscope.sessions import Turns
 
 CHUNK = 1 << 20  # a file travels (and is hashed) this many bytes at a time
@@ -44,6 +47,14 @@ def file_sha256(path: Path) -> str:
 
 
 # -- interval reports -------------------------------------------------------------------------
+
+def report_limits(plan: Plan, last_interval: int, files: dict[str, int]) -> validate.Limits:
+    """What a node's frames may say in a run of `plan` (validate.Limits), its reports ending by
+    `last_interval` and its nodes fetching `files` (sha256 -> size)."""
+    return validate.Limits(requests=len(plan), classes=tuple(plan.class_names), max_interval=last_interval, chunk=CHUNK,
+                           counts_len=new_histogram().counts_len, counters=len(COUNTERS),
+                           turn_counters=len(TURN_COUNTERS), files=files)
+
 
 def _narrow(values: np.ndarray) -> tuple[str, bytes]:
     top = int(values.max()) if len(values) else 0
@@ -73,11 +84,21 @@ def encode_report(r: IntervalReport) -> bytes:
     return zlib.compress(pack(body), 1)
 
 
-def decode_report(blob: bytes, worker: int) -> IntervalReport:
-    b = unpack(zlib.decompress(blob))
+def decode_report(blob: bytes, worker: int, limits: validate.Limits, k: int) -> IntervalReport:
+    """A node's interval `k` report, checked before use (validate.py: InvalidMessage says what is
+    wrong): inflated to at most validate.MAX_INFLATED bytes, every field's type and range."""
+    try:
+        body = unpack(validate.inflate(blob))
+    except validate.InvalidMessage:
+        raise
+    except Exception as exc:  # noqa: BLE001 - msgpack's errors are several, and a few are plain ValueErrors
+        raise validate.InvalidMessage(f"its report is not msgpack ({type(exc).__name__})") from None
+    b = validate.report_body(body, k, limits)
     histograms = {}
     for metric, cls, warmup, idt, idx, cdt, cnt in b["h"]:
-        histograms[(metric, cls, warmup)] = (np.cumsum(_widen(idt, idx)).astype(np.int32), _widen(cdt, cnt))
+        indices, counts = np.cumsum(_widen(idt, idx)), _widen(cdt, cnt)
+        validate.sparse(metric, cls, indices, counts, limits.counts_len)
+        histograms[(metric, cls, warmup)] = (indices.astype(np.int32), counts)
     return IntervalReport(
         b["k"], histograms, b["c"], {(ci, w): np.asarray(row, np.int64) for ci, w, row in b["n"]}, b["f"],
         {name: (end, lat) for name, (end, lat) in b["r"].items()}, [Probe(*p) for p in b["p"]],

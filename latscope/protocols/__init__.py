@@ -7,7 +7,7 @@ concurrently. `prepare` builds the request from the class's endpoint and the req
 timed here), ahead of the request's intended time (the engine's look-ahead window); `send` stamps
 `sent_ns` when it starts writing (a connect counts as service time, not send lag), times its own
 decode, and returns an `Outcome`; it never records anything. `send` prepares a request that was not
-(a test calling it directly). With `target.request_id_header`, each request carries its `seq`.
+(a test calling it directly). With `target.request_id_header`, each request carries its `seq` (as a UUID: request_ids.py).
 
 What a client must never do, whatever the target does: read more than `limits.max_response_bytes`
 of one response (an endless or enormous one ends as a `protocol` error, the connection dropped), or

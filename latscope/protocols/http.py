@@ -34,7 +34,9 @@ import httptools
 from latscope import __version__
 from latscope.protocols.server_timing import parse_server_timing
 from latscope.records import Outcome, Request
+from latscope.request_ids import id_prefix, run_tag
 from latscope.scenario import Endpoint, Scenario, encoded_body
+from latscope.workload import text_seed
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +49,9 @@ class PreparedRequest:
     rest: bytes
     data: bytes  # prefix + rest: the whole request when it carries no id
     body_len: int
-    request_id: bytes | None = None  # target.request_id_header, as bytes
+    request_id: bytes | None = None  # target.request_id_header and the run's id prefix, as bytes (request_id_name)
     refused: str | None = None  # why this class's request cannot be written (unsafe_head): each one is an error
+    sends: str | None = None  # what it carries beyond the plain request, in words (what_it_sends)
 
 
 def prepare_requests(scenario: Scenario) -> list[PreparedRequest]:
@@ -65,18 +68,27 @@ def prepare_requests(scenario: Scenario) -> list[PreparedRequest]:
         prefix, refused = prefix_or_refusal(endpoint, content_type)
         rest = request_head(b"", endpoint, len(body)) + body
         prepared.append(PreparedRequest(endpoint.method == "HEAD", prefix, rest, prefix + rest, len(body),
-                                        request_id_name(endpoint), refused))
+                                        request_id_name(endpoint, scenario), refused, what_it_sends(endpoint)))
     return prepared
 
 
-def request_id_name(endpoint: Endpoint) -> bytes | None:
-    """The name of the header that carries each request's seq (target.request_id_header), or None."""
-    return endpoint.request_id_header.encode("latin-1") if endpoint.request_id_header else None
+def request_id_name(endpoint: Endpoint, scenario: Scenario) -> bytes | None:
+    """The start of the header line that carries each request's id (target.request_id_header): its
+    name and the run's part of the UUID (latscope/request_ids.py), or None when none is asked for."""
+    if not endpoint.request_id_header:
+        return None
+    return b"%s: %s" % (endpoint.request_id_header.encode("latin-1"), id_prefix(request_id_tag(scenario)).encode())
 
 
-def request_id_line(name: bytes | None, seq: int) -> bytes:
-    """The header line `name: seq`, or nothing when the scenario asks for no request id."""
-    return b"%s: %d\r\n" % (name, seq) if name else b""
+def request_id_tag(scenario: Scenario) -> int:
+    """The run's part of its request ids (request_ids.run_tag), from its salted text key."""
+    return run_tag(text_seed(scenario))
+
+
+def request_id_line(start: bytes | None, seq: int) -> bytes:
+    """The header line `name: <UUID of seq>` (`start` from request_id_name), or nothing when the
+    scenario asks for no request id."""
+    return b"%s%012x\r\n" % (start, seq) if start else b""
 
 
 TIMEOUT_SWEEP_S = 0.01  # how often a pool fails the requests past target.timeout
@@ -390,15 +402,44 @@ def error_message(body: bytes | None) -> str:
     return text if len(text) <= ERROR_MESSAGE_CHARS else text[:ERROR_MESSAGE_CHARS - 1] + "…"
 
 
+EMPTY_BODY = " with an empty body"  # how the reason of a 4xx that says nothing ends (refused_what)
+
+
 def http_error(outcome: Outcome, response: Response, body: bytes | None = None) -> Outcome:
     """`outcome` marked http_4xx / http_5xx when the response says so, with the server's error message
-    from `body` (when the client kept it) in the reason."""
+    from `body` (when the client kept it) in the reason, or, for a 4xx, that its body was empty."""
     if response.status >= 400:
         outcome.error = "http_4xx" if response.status < 500 else "http_5xx"
         outcome.reason = f"HTTP {response.status} {response.reason}".strip()
         message = error_message(body)
         if message:
             outcome.reason = f"{outcome.reason}: {message}"
+        elif response.status < 500 and (response.body_len == 0 if body is None else not body.strip()):
+            outcome.reason += EMPTY_BODY
+    return outcome
+
+
+def what_it_sends(endpoint: Endpoint) -> str | None:
+    """What a class's requests carry beyond the protocol's plain request, in words (None: nothing):
+    the request id, the scenario's headers (names only; credentials aside), an OpenAI class's
+    extra_body fields. A server that refuses one of them may say only "400"."""
+    parts = []
+    if endpoint.request_id_header:
+        parts.append(f"{endpoint.request_id_header} (a UUID, target.request_id_header)")
+    headers = [name for name in endpoint.headers if name.lower() != "authorization"]
+    if headers:
+        parts.append(("the headers " if len(headers) > 1 else "the header ") + ", ".join(headers))
+    extra = list(endpoint.openai.extra_body) if endpoint.protocol == "openai" else []
+    if extra:
+        parts.append(("the body fields " if len(extra) > 1 else "the body field ") + ", ".join(extra) + " (openai.extra_body)")
+    return ", ".join(parts) or None
+
+
+def refused_what(outcome: Outcome, sends: str | None) -> Outcome:
+    """A 4xx with an empty body says nothing of why: its reason then names what this class sends
+    beyond the plain request (what_it_sends), which the server may have refused."""
+    if sends and outcome.error == "http_4xx" and outcome.reason and outcome.reason.endswith(EMPTY_BODY):
+        outcome.reason += f"; this run sends {sends}: the server may refuse one of them"
     return outcome
 
 
@@ -441,4 +482,4 @@ class HttpClient:
             return Outcome(sent, time.perf_counter_ns(), error=failure.kind, reason=failure.reason)
         outcome = Outcome(sent, response.end_ns, status=response.status, bytes_in=response.body_len,
                           bytes_out=prepared.body_len)
-        return http_error(with_server_headers(outcome, response), response)
+        return refused_what(http_error(with_server_headers(outcome, response), response), prepared.sends)

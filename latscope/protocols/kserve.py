@@ -35,8 +35,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from latscope.protocols.http import (Failure, HttpPool, http_error, prefix_or_refusal, refused_outcome,
-                                     request_id_line, request_id_name, with_server_headers)
+from latscope.protocols.http import (Failure, HttpPool, http_error, prefix_or_refusal, refused_outcome, refused_what,
+                                     request_id_line, request_id_name, what_it_sends, with_server_headers)
 from latscope.records import Outcome, Request
 from latscope.scenario import Scenario
 from latscope.workload import DTYPES, Payloads, Tensor
@@ -262,8 +262,9 @@ class _ClassPlan:
     binary: bool
     outputs: list[str]
     prefix: bytes  # request line and headers, without the body-length headers
-    request_id: bytes | None  # target.request_id_header, as bytes
+    request_id: bytes | None  # target.request_id_header and the run's id prefix (http.request_id_name)
     refused: str | None = None  # why the request cannot be written (http.unsafe_head): each one is an error
+    sends: str | None = None  # what it carries beyond the plain request (http.what_it_sends)
 
     def encode(self, tensors: list[Tensor], seq: int) -> tuple[bytes, int]:
         """(the whole request `seq` as it goes on the wire, the body's length)."""
@@ -290,7 +291,8 @@ class KServeClient:
             endpoint = scenario.endpoint(c)
             binary = endpoint.kserve.binary
             prefix, refused = prefix_or_refusal(endpoint, BINARY_TYPE if binary else JSON_TYPE, own=(HEADER_LENGTH,))
-            self._plans[c] = _ClassPlan(binary, list(endpoint.kserve.outputs), prefix, request_id_name(endpoint), refused)
+            self._plans[c] = _ClassPlan(binary, list(endpoint.kserve.outputs), prefix, request_id_name(endpoint, scenario), refused,
+                                        what_it_sends(endpoint))
 
     async def open(self) -> None:
         await self._pool.open()
@@ -330,7 +332,7 @@ class KServeClient:
                           bytes_in=response.body_len, encode_ns=encode_ns)
         with_server_headers(outcome, response)
         if response.status >= 400:
-            return http_error(outcome, response, response.body), None
+            return refused_what(http_error(outcome, response, response.body), plan.sends), None
         header_length = response.headers.get("inference-header-content-length")
         return decoded(outcome, lambda: decode_response(response.body or b"", header_length), plan.outputs)
 

@@ -13,7 +13,7 @@ The messages are the reference server's (`reference_server.proto`: the standard
 `grpc_predict_v2.proto` in a private descriptor pool, so tritonclient can share the process).
 
 Metadata: the endpoint's headers (keys lower-cased, as gRPC requires), `authorization: Bearer <key>`
-when an api_key is set, and `<target.request_id_header, lower-cased>: <seq>` when one is. Per-call
+when an api_key is set, and `<target.request_id_header, lower-cased>: <UUID of seq>` when one is. Per-call
 deadline: target.timeout. Trailing metadata `server-timing` and `x-replica-id` give the server's
 parts and the replica, as the HTTP headers do over REST.
 
@@ -33,7 +33,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from latscope import __version__
-from latscope.protocols.http import refused_outcome, too_large, unsafe_head
+from latscope.protocols.http import refused_outcome, request_id_tag, too_large, unsafe_head
 from latscope.protocols.kserve import (
     InvalidResponse,
     check_datatype,
@@ -45,6 +45,7 @@ from latscope.protocols.kserve import (
 )
 from latscope.protocols.server_timing import parse_server_timing
 from latscope.records import Outcome, Request
+from latscope.request_ids import request_id
 from latscope.scenario import Scenario
 from latscope.workload import Payloads, Tensor
 from reference_server import proto
@@ -151,6 +152,7 @@ class _ClassPlan:
     timeout_s: float
     request_id: str | None  # target.request_id_header, lower-cased
     refused: str | None = None  # why the call cannot be made (http.unsafe_head on the metadata)
+    id_tag: int = 0  # the run's part of its request ids (http.request_id_tag)
 
 
 def _target(url: str) -> tuple[str, bool]:
@@ -179,7 +181,7 @@ class KServeGrpcClient:
             self._plans[c] = _ClassPlan(endpoint.model or "", endpoint.kserve.version, list(endpoint.kserve.outputs),
                                         tuple(metadata.items()), endpoint.timeout,
                                         endpoint.request_id_header and endpoint.request_id_header.lower(),
-                                        unsafe_head("POST", endpoint.model or "", metadata))
+                                        unsafe_head("POST", endpoint.model or "", metadata), request_id_tag(scenario))
         self._limit = min(scenario.limits.max_response_bytes, GRPC_MAX_LENGTH)
         self._channel: grpc.aio.Channel | None = None
         self._infer = None
@@ -223,7 +225,8 @@ class KServeGrpcClient:
         if request.wire is None:
             self.prepare(request)
         data, encode_ns = request.wire, request.encode_ns
-        metadata = plan.metadata + ((plan.request_id, str(request.seq)),) if plan.request_id else plan.metadata
+        metadata = (plan.metadata + ((plan.request_id, request_id(plan.id_tag, request.seq)),) if plan.request_id
+                    else plan.metadata)
         sent = time.perf_counter_ns()
         try:
             call = self._infer(data, timeout=plan.timeout_s, metadata=metadata)

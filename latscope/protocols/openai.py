@@ -31,7 +31,8 @@ from typing import Any
 import orjson
 
 from latscope.protocols.http import (Failure, HttpPool, Response, http_error, prefix_or_refusal, refused_outcome,
-                                     request_id_line, request_id_name, with_server_headers)
+                                     refused_what, request_id_line, request_id_name, what_it_sends,
+                                     with_server_headers)
 from latscope.protocols.sse import SseParser
 from latscope.records import Outcome, Request
 from latscope.scenario import Endpoint, Scenario
@@ -62,6 +63,14 @@ def _parse_json(data: bytes) -> Any:
 def _escaped(text: str) -> bytes:
     """`text` as the inside of a JSON string (escaped, without the quotes)."""
     return _dumps(text).encode()[1:-1]
+
+
+def _lone_surrogate(answer: str, exc: UnicodeEncodeError) -> str:
+    """What is wrong with an answer whose text UTF-8 refused: a JSON string may escape half of a UTF-16
+    pair ("\\ud800") on its own, which json.loads accepts and no UTF-8 text can hold."""
+    char = exc.object[exc.start]
+    return (f"the answer holds a lone UTF-16 surrogate (\\u{ord(char):04x}, at character {answer.find(char):,} of its "
+            "text), which is not valid Unicode text: a session cannot carry it into its next turn")
 
 
 def _clip(text: Any, limit: int = MAX_REASON) -> str:
@@ -201,11 +210,12 @@ class _ClassRequest:
     model: str | None
     rest: dict[str, Any]  # the body's fields after the prompt and max_tokens: stream, options, extra_body
     prefix: bytes  # request line and headers without Content-Length
-    request_id: bytes | None  # target.request_id_header, as bytes
+    request_id: bytes | None  # target.request_id_header and the run's id prefix (http.request_id_name)
     refused: str | None = None  # why the request cannot be written (http.unsafe_head): each one is an error
+    sends: str | None = None  # what it carries beyond the plain request (http.what_it_sends)
 
 
-def _class_request(endpoint: Endpoint) -> _ClassRequest:
+def _class_request(endpoint: Endpoint, scenario: Scenario) -> _ClassRequest:
     options = endpoint.openai
     rest: dict[str, Any] = {"stream": options.stream}
     if options.stream and options.include_usage:
@@ -213,7 +223,8 @@ def _class_request(endpoint: Endpoint) -> _ClassRequest:
     rest.update(options.extra_body)
     stream = bool(rest.get("stream"))
     prefix, refused = prefix_or_refusal(endpoint, "application/json")
-    return _ClassRequest(options.api == "chat", stream, endpoint.model, rest, prefix, request_id_name(endpoint), refused)
+    return _ClassRequest(options.api == "chat", stream, endpoint.model, rest, prefix, request_id_name(endpoint, scenario), refused,
+                         what_it_sends(endpoint))
 
 
 class OpenAIClient:
@@ -223,7 +234,7 @@ class OpenAIClient:
         self._pool = HttpPool(scenario.endpoint(classes[0]).url, scenario.target.timeout,
                               scenario.limits.max_response_bytes)
         self._payloads = payloads
-        self._classes = {c: _class_request(scenario.endpoint(c)) for c in classes}
+        self._classes = {c: _class_request(scenario.endpoint(c), scenario) for c in classes}
 
     async def open(self) -> None:
         await self._pool.open()
@@ -279,19 +290,25 @@ class OpenAIClient:
             history, turn = conv.history, b""
         else:
             history = conv.history
+        conv.carried = len(conv.history)
         if cls.chat:
             return b'{"messages":[%s%s]%s' % (history, turn, tail)
         return b'{"prompt":"%s%s"%s' % (history, turn, tail)
 
     @staticmethod
-    def _remember(cls: _ClassRequest, request: Request, answer: str) -> None:
+    def _remember(cls: _ClassRequest, request: Request, answer: str) -> str | None:
         """After a session turn's answer: the answer, as the server gave it, joins the history the next
-        turn carries (after the turn's own text, added when it was built)."""
+        turn carries (after the turn's own text, added when it was built). Returns why it cannot (the
+        answer's `protocol` error): text that is not valid Unicode, which no request can carry."""
+        try:
+            piece = (b',{"role":"assistant","content":%s}' % _dumps(answer).encode() if cls.chat
+                     else _escaped(answer + "\n"))
+        except UnicodeEncodeError as exc:  # UTF-8 refuses only surrogates, which json.loads lets through
+            return _lone_surrogate(answer, exc)
         conv = request.session
-        if cls.chat:
-            conv.history += b',{"role":"assistant","content":%s}' % _dumps(answer).encode()
-        else:
-            conv.history += _escaped(answer + "\n")
+        conv.history += piece
+        conv.carried = len(conv.history)
+        return None
 
     async def send(self, request: Request) -> Outcome:
         """One request, prepared already (or now); `sent_ns` is stamped before a connection is taken
@@ -329,8 +346,9 @@ class OpenAIClient:
         else:
             outcome = self._streamed(outcome, response, stream)
             answer = "".join(stream.text) if keep else None
-        if keep and outcome.error is None:
-            self._remember(cls, request, answer or "")
+        refused_what(outcome, cls.sends)
+        if keep and outcome.error is None and (problem := self._remember(cls, request, answer or "")) is not None:
+            outcome.error, outcome.reason = "protocol", problem
         return outcome
 
     @staticmethod

@@ -28,11 +28,12 @@ from latscope.results.schema import metric_label
 # hold), and their own for any other a curve carries (p90 when an SLO is on it).
 STAT_COLORS = {**dict(STAT_STYLE.values()), "p90": "#1f77b4", "p95": "#9467bd", "max": "#7f7f7f"}
 # How a step's marker looks: counted passes are plain, counted fails are crosses, and the steps that
-# did not count (undecided and rerun longer, invalid, partial) are open symbols.
+# did not count (undecided and extended, undecided after every look, invalid, partial) are open symbols.
 SYMBOLS = {"pass": "circle", "fail": "x", "undecided": "diamond-open", "invalid": "square-open",
            "partial": "triangle-up-open"}
 CAPACITY_COLOR = "#18794e"
 FAIL_COLOR = "#c62828"
+UNDECIDED_COLOR = "#b7791f"
 UNCOUNTED = "did not count (undecided, invalid, partial)"
 
 
@@ -84,6 +85,10 @@ def mark_capacity(fig: go.Figure, capacity: dict) -> None:
     found = _num(capacity.get("max_rate_rps"))
     if low is not None and high is not None and high > low:
         fig.add_vrect(x0=low, x1=high, fillcolor=CAPACITY_COLOR, opacity=0.12, line_width=0, layer="below")
+    u_low, u_high = _num(bracket.get("undecided_low_rps")), _num(bracket.get("undecided_high_rps"))
+    if u_low is not None:  # schema 2: the rates the data could not decide, neither a pass nor a fail
+        fig.add_vrect(x0=u_low, x1=u_high if u_high is not None and u_high > u_low else u_low * 1.002,
+                      fillcolor=UNDECIDED_COLOR, opacity=0.18, line_width=0, layer="below")
     if found is not None:
         fig.add_vline(x=found, line=dict(color=CAPACITY_COLOR, width=2),
                       annotation=dict(text=f"capacity ≈ {fmt_rate(found)} req/s", font=dict(color=CAPACITY_COLOR)),
@@ -209,8 +214,9 @@ def curve_panel(number: int, key: str, capacity: dict) -> Panel:
     fig.update_xaxes(title_text="achieved rate (req/s, completed without error)", rangemode="tozero")
     panel.figure = apply_layout(fig, 440, hovermode="closest")
     panel.note = ("One point per step; whiskers: the confidence interval. Crosses: steps counted as a fail; open "
-                  "symbols: steps that did not count. Green: the capacity (highest planned rate that met every SLO), "
-                  "the band: the bracket the true capacity lies in.")
+                  "symbols: steps that did not count or stayed undecided. Green: the capacity (highest planned rate that "
+                  "passed every SLO with confidence), the band: the bracket the true capacity lies in; amber: rates "
+                  "still undecided after every look (neither a pass nor a fail).")
     return panel
 
 

@@ -28,7 +28,8 @@ from latscope.report.words import fmt_ms
 from latscope.results import write_text
 from latscope.results.schema import CAPACITY_PAGE, CAPACITY_STOPS
 
-VERDICT_CLASS = {"pass": "good", "fail": "bad", "undecided": "unsure", "invalid": "bad", "partial": "unsure"}
+VERDICT_CLASS = {"pass": "good", "fail": "bad", "undecided": "unsure", "invalid": "bad", "partial": "unsure",
+                 "target_down": "bad"}
 CSS = """
 .headline .sub{display:block;font-size:15px;font-weight:400;color:#444;margin-top:4px}
 .facts{font-size:14px;margin:4px 0}.facts b{font-weight:600}
@@ -69,6 +70,11 @@ def capacity_headline(capacity: dict) -> str:
     bracket = capacity.get("bracket") or {}
     low, high = _num(bracket.get("low_rps")), _num(bracket.get("high_rps"))
     found = _num(capacity.get("max_rate_rps"))
+    u_low, u_high = _num(bracket.get("undecided_low_rps")), _num(bracket.get("undecided_high_rps"))
+    if found is not None and u_low is not None and capacity.get("stopped") != "precision":  # schema 2: a band the data could not decide
+        band = fmt_rate(u_low) + (f"–{fmt_rate(u_high)}" if u_high is not None and u_high != u_low else "")
+        fails = f", fail with confidence at {fmt_rate(high)} req/s" if high is not None else ""
+        return f"Capacity ≥ {fmt_rate(found)} req/s (the SLOs are undecided at {band} req/s{fails})"
     if found is not None and high is not None:
         low_text = fmt_rate(low if low is not None else found)
         return f"Capacity ≈ {fmt_rate(found)} req/s (bracket {low_text}–{fmt_rate(high)} req/s, precision {_precision(capacity)})"
@@ -200,6 +206,14 @@ def _verdict(step: dict) -> str:
     return f"<span class=\"v {VERDICT_CLASS.get(verdict, 'unsure')}\">{esc_html(verdict)}</span> · {how}{note}{partial}"
 
 
+def _look(step: dict) -> str:
+    """" (look 2 of 3, 8 s pooled)" for an extension of an undecided step; " (longer)" in a schema 1 file."""
+    look, pooled = step.get("look"), _num(step.get("pooled_s"))
+    if isinstance(look, int) and not isinstance(look, bool) and look > 1:
+        return f" (look {look} of {esc_html(step.get('looks', 3))}" + (f", {pooled:g} s pooled)" if pooled is not None else ")")
+    return " (longer)" if step.get("longer") and look is None else ""
+
+
 def steps_table(capacity: dict) -> str:
     """Every step in the order run: its rates, each SLO's value with its interval and verdict,
     goodput, validity, the verdict that counted, and a link to its report."""
@@ -217,11 +231,11 @@ def steps_table(capacity: dict) -> str:
         by_name = {r.get("name"): r for r in step.get("slos") or []}
         requests = step.get("requests") or {}
         duration = _num(step.get("duration_s"))
-        uncounted = "" if step.get("counted_as") in ("pass", "fail") else " class=\"uncounted\""
+        uncounted = "" if step.get("counted_as") in ("pass", "fail", "undecided") else " class=\"uncounted\""
         rows.append(
             f"<tr{uncounted}><td class=n>{esc_html(step.get('index', '?'))}</td>{report_link(step)}"
             f"<td class=n>{_rate(step.get('rate_rps'))}</td>"
-            f"<td class=n>{f'{duration:g} s' if duration is not None else '–'}{' (longer)' if step.get('longer') else ''}</td>"
+            f"<td class=n>{f'{duration:g} s' if duration is not None else '–'}{_look(step)}</td>"
             f"<td class=n>{_rate(step.get('offered_rps'))}</td><td class=n>{_rate(step.get('achieved_rps'))}</td>"
             f"<td class=n>{requests.get('sent', 0) or 0:,} / {requests.get('errors', 0) or 0:,}</td>"
             + "".join(slo_cell(by_name.get(s.get("name"))) for s in slos)
@@ -250,7 +264,8 @@ def capacity_html(capacity: dict, cdn: bool = False) -> str:
     if any(isinstance(s.get("goodput"), dict) for s in steps):
         panels.append(safe_panel(lambda: goodput_panel(capacity), "goodput", "Goodput"))
     tail = [f"<section id=\"steps\"><h2>Steps, in the order run</h2>"
-            "<p class=\"note\">Grey rows did not count toward the answer (undecided and rerun longer, invalid or partial). "
+            "<p class=\"note\">Grey rows did not count toward the answer (undecided and extended, invalid or partial); "
+            "an extension is judged on the evidence of its step's looks pooled. "
             "Each SLO: the measured value [its confidence interval] and the verdict.</p>"
             f"{steps_table(capacity)}</section>",
             f"<section id=\"settings\"><h2>The search</h2>{settings_table(capacity)}</section>"]

@@ -23,16 +23,17 @@ from typing import Callable
 
 import plotly.io as pio
 import plotly.offline
-import yaml
 
 from latscope import __version__
 from latscope.analysis.run_data import RunData
+from latscope.errors import ResultsError
 from latscope.report.escape import esc_html
 from latscope.report.figures import Panel
 from latscope.report.nodes_panel import distributed_text
 from latscope.report.panels import PANELS
 from latscope.report.sessions_panel import closed_loop_lead
 from latscope.report.words import fmt_ms, goodput_sentence, objectives_text, slo_value_text
+from latscope.results.reading import read_scenario
 from latscope.results.schema import metric_label
 
 CDN_URL = "https://cdn.plot.ly/plotly-{version}.min.js"
@@ -153,13 +154,9 @@ def errors_table(summary: dict) -> str:
 
 
 def scenario_file(run: RunData) -> dict:
-    """The resolved scenario (secrets redacted) for the metadata table; {} when absent or unreadable."""
-    path = run.path / "scenario.yaml"
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    """The resolved scenario (secrets redacted) for the metadata table; {} when absent, ResultsError
+    naming it when damaged (results/reading.py)."""
+    return read_scenario(run.path)
 
 
 def metadata_table(run: RunData) -> str:
@@ -192,6 +189,8 @@ def safe_panel(build: Callable[[], Panel], panel_id: str, title: str) -> Panel:
     """A panel that failed to build becomes a note on the page (and a warning), never a lost report."""
     try:
         return build()
+    except ResultsError:  # a damaged file is the user's to fix (exit 2), not a panel's bug
+        raise
     except Exception as exc:  # noqa: BLE001 - one broken panel must not cost the rest of the report
         logging.getLogger("latscope.report").warning("report panel %r could not be drawn: %s: %s", panel_id, type(exc).__name__, exc)
         return Panel(panel_id, title, note=f"This panel could not be drawn: {esc_html(type(exc).__name__)}: {esc_html(exc)}")

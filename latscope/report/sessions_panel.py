@@ -146,12 +146,13 @@ def _add_timeline(fig: go.Figure, timeline: pd.DataFrame, interval_s: float, end
     totals = timeline[timeline["class"] == ("all" if "all" in set(timeline["class"]) else timeline["class"].iloc[0])]
     t = totals["t_s"].to_numpy(float)
     middle = f32((t + np.maximum(np.minimum(t + interval_s, end_s), t)) / 2)
-    for column, color, light in (("abandoned", ABANDONED_COLOR, "#ff9896"), ("cut", CUT_COLOR, "#ffd0a0")):
+    for column, color, light in (("abandoned", ABANDONED_COLOR, "#ff9896"), ("cut", CUT_COLOR, "#ffd0a0"),
+                                 ("history_limit", "#9467bd", "#c5b0d5")):
         y = totals[column].to_numpy(float)
         if not y.any():
             continue
         lost = True
-        name = f"{column} per interval{suffix}"
+        name = f"{column.replace('_', ' ')} per interval{suffix}"
         fig.add_trace(go.Bar(x=middle, y=f32(y), name=name, marker_color=light if dash else color, width=interval_s * 0.4,
                              hovertemplate=f"{name} %{{y:.0f}}<extra></extra>"), row=row, col=1)
     return lost
@@ -178,7 +179,9 @@ def sessions_panel(sessions: pd.DataFrame, turns: pd.DataFrame, timeline: pd.Dat
     # the prefix cache of classes without sessions (a trace replay, or a class beside the chat ones)
     cache_tables = [(r[0], r[4]) for r in runs if len(r[4]) and set(r[4]["class"]) - session_classes - {"all"}]
     details = _table([(r[0], r[2]) for r in runs], _TURN_COLUMNS, compare)
-    tables = _table([(r[0], r[1]) for r in runs], _SESSION_COLUMNS, compare) + (
+    limited = any(len(r[1]) and (r[1]["history_limit"] > 0).any() for r in runs)  # the column only where it says something
+    session_columns = _SESSION_COLUMNS[:4] + (("history limit", "history_limit", "int"),) * limited + _SESSION_COLUMNS[4:]
+    tables = _table([(r[0], r[1]) for r in runs], session_columns, compare) + (
         f"<details><summary>Every turn (outside warm-up)</summary>{details}</details>" if details else "")
     cache_html = _table(cache_tables, _CACHE_COLUMNS, compare)
     if cache_html:
@@ -259,7 +262,8 @@ def sessions_panel(sessions: pd.DataFrame, turns: pd.DataFrame, timeline: pd.Dat
         if have_turns else "") + (
         "Bottom: sessions started and not yet ended at the end of each interval (warm-up included, shaded grey); a "
         "session ends completed, abandoned (a turn failed, or was dropped at the in-flight cap: its later turns are not "
-        "sent) or cut (the run ended before its next turn)."
+        "sent), cut (the run ended before its next turn) or, carrying its history, at the history limit (its history "
+        "passed session.max_history_bytes, or the worker's together limits.max_carried_bytes_per_worker)."
         + ("" if lost else " No session was abandoned or cut." if not compare else " Neither run abandoned or cut a session.")
         if have_timeline else "") + (
         " Each run on its own clock; base dashed, new solid." if compare else "")

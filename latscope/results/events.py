@@ -4,6 +4,7 @@ are catalogued in schema.EVENT_TYPES)."""
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -49,18 +50,41 @@ class EventLog:
 
 
 def read_events(run_dir: str | Path) -> list[dict]:
-    """events.jsonl's events. The torn last line of a run that was killed mid-write is left out;
-    any other line that is not JSON is a ResultsError naming it."""
+    """events.jsonl's events. The torn last line of a run that was killed mid-write (no newline at
+    its end; cut anywhere, in a UTF-8 character too) is left out; any other line that is not a JSON
+    object with an `event` name (and a numeric or null `t_s`) is refused, a ResultsError naming the
+    file and the line: a damaged log is not read as a shorter one, which would silently drop the
+    events a report draws (restarts, aborts, new replicas)."""
     path = Path(run_dir) / EVENTS
-    lines = path.read_text().splitlines()
+    lines = path.read_bytes().split(b"\n")
+    torn = len(lines) if lines[-1] else 0  # the line after the last newline, when there is one
     events = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
             continue
         try:
-            events.append(json.loads(line))
+            event = json.loads(raw.decode("utf-8"))
+            problem = _event_problem(event)
+        except RecursionError:
+            problem = "nested deeper than JSON can be read"
+        except UnicodeDecodeError as exc:
+            problem = f"not UTF-8 text (byte {exc.start} of the line); the file is damaged"
         except ValueError as exc:
-            if number == len(lines):
-                continue
-            raise ResultsError(f"{path}:{number}: not a JSON event ({exc})") from None
+            problem = f"not a JSON event ({exc})"
+        if problem is None:
+            events.append(event)
+        elif number != torn:
+            raise ResultsError(f"{path}:{number}: {problem}")
     return events
+
+
+def _event_problem(event: object) -> str | None:
+    if not isinstance(event, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(event), "a number")
+        return f"{kind}, not a JSON object (an event)"
+    if not isinstance(event.get("event"), str):
+        return "no `event` name"
+    t_s = event.get("t_s")
+    if t_s is not None and not (type(t_s) in (int, float) and math.isfinite(t_s)):  # a bool is not a time either
+        return "`t_s` is neither a finite number nor null"
+    return None

@@ -32,7 +32,6 @@ its ``output_start_time`` is broken.
 from __future__ import annotations
 
 import base64
-import binascii
 import ctypes
 import itertools
 import math
@@ -163,7 +162,7 @@ class HlogReader:
                 h = decode(blob)
             except Exception as e:  # noqa: BLE001 - any parse/decode failure is a malformed line
                 if self.strict:
-                    raise ValueError(f"{getattr(f, 'name', 'hlog')}:{number}: malformed interval line ({e})") from e
+                    raise ValueError(f"{getattr(f, 'name', 'hlog')}:{number}: malformed interval line ({_what(e)})") from e
                 continue
             if start is None:  # no StartTime: the first interval starts the log
                 start = ts
@@ -205,7 +204,10 @@ def read_sparse(path: str | os.PathLike, prefix: str) -> Iterator[tuple[str, flo
                 break
             for key, pattern in (("start", _START_TIME), ("base", _BASE_TIME)):
                 if m := pattern.match(line):
-                    times[key] = float(m.group(1))
+                    try:
+                        times[key] = float(m.group(1))
+                    except ValueError:
+                        raise ValueError(f"{path}:{number}: malformed header line ({m.group(1)!r} is not a time)") from None
         if "start" in times and times.get("start") == times.get("base"):  # written by latscope
             wanted = "Tag=" + prefix
             scratch = (ctypes.c_int64 * _COUNTS_LEN)()  # one per call: readers in threads do not share it
@@ -214,18 +216,38 @@ def read_sparse(path: str | os.PathLike, prefix: str) -> Iterator[tuple[str, flo
                     continue
                 try:
                     tag, start_s, length_s, _max, blob = line[4:].split(",", 4)
-                    yield tag, float(start_s), float(length_s), _sparse(blob.strip(), scratch)
-                except (ValueError, zlib.error, binascii.Error, struct.error) as exc:
-                    raise ValueError(f"{path}:{number}: malformed interval line ({exc})") from None
+                    interval = tag, _time(start_s), _time(length_s), _sparse(blob.strip(), scratch)
+                except Exception as exc:  # noqa: BLE001 - base64, zlib, struct, hdrh's cookie/length errors: a damaged line
+                    raise ValueError(f"{path}:{number}: malformed interval line ({_what(exc)})") from None
+                yield interval
             return
     # another writer's log: the reference reader knows its cases
     for tag, start_s, length_s, h in read_hlog(path, want=lambda tag: tag is not None and tag.startswith(prefix)):
         yield tag, start_s, length_s, _sparse_of(h)
 
 
+def _time(text: str) -> float:
+    """An interval's start or length as latscope writes it (HlogWriter: finite, >= 0)."""
+    value = float(text)
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"time {text.strip()!r} is not a finite number of seconds >= 0")
+    return value
+
+
+def _what(exc: Exception) -> str:
+    """A decode error in words: hdrh's exceptions carry no message (HdrCookieException()), and
+    binascii's and zlib's are called Error and error."""
+    name = type(exc).__name__
+    if name.lower() == "error":
+        name = f"{type(exc).__module__}.{name}"
+    return f"{name}: {exc}" if str(exc) else f"{name}: not an HdrHistogram V2 blob"
+
+
 _OUTER = struct.Struct(">II")  # hdrh.codec.ExternalHeader: cookie, length
 _INNER = struct.Struct(">IIIIQQd")  # hdrh.codec.PayloadHeader: cookie, payload_len, normalizing_index_offset,
 #                                     significant_figures, lowest, highest, conversion_ratio_bits
+# Far above any histogram's payload (ours: at most 9 bytes a counter, ~200 KiB), far below memory trouble
+_MAX_INFLATED = 64 << 20
 assert _OUTER.size == ext_header_size and _INNER.size == payload_header_size
 
 
@@ -236,7 +258,10 @@ def _sparse(blob: str, scratch: ctypes.Array) -> Sparse:
     raw = base64.b64decode(blob, validate=True)
     cookie, length = _OUTER.unpack_from(raw)
     if get_cookie_base(cookie) == V2_COMPRESSION_COOKIE_BASE and length == len(raw) - ext_header_size:
-        data = zlib.decompress(raw[ext_header_size:])
+        inflate = zlib.decompressobj()
+        data = inflate.decompress(raw[ext_header_size:], _MAX_INFLATED)
+        if inflate.unconsumed_tail:  # a damaged (or hostile) blob: no histogram inflates this far
+            raise ValueError(f"the histogram inflates past {_MAX_INFLATED >> 20} MiB")
         cookie, payload_len, offset, figures, lowest, highest, _ = _INNER.unpack_from(data)
         if (get_cookie_base(cookie) == V2_ENCODING_COOKIE_BASE and (lowest, highest, figures, offset) == _OUR_LAYOUT
                 and payload_len == len(data) - payload_header_size):

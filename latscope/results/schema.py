@@ -50,11 +50,15 @@ ERROR_KINDS = ("connect", "timeout", "http_4xx", "http_5xx", "protocol")
 # their ratio); per session, counted under its class when it starts, and when it ends in one of three
 # ways: completed (every turn answered), abandoned (a turn failed, or was dropped at the in-flight cap:
 # its later turns are not sent), cut (its next turn was due after the run's planned end, or the run was
-# stopped); `turns_not_sent`, the turns abandoned and cut sessions did not send.
+# stopped), history_limit (its carried history passed session.max_history_bytes, or the worker's
+# histories together limits.max_carried_bytes_per_worker: its later turns are not sent; added last,
+# so a file written before it lacks the column); `turns_not_sent`, the turns abandoned, cut and
+# history_limit sessions did not send.
 TOKEN_COUNTERS = ("prompt_tokens", "output_tokens", "output_tokens_usage")
 GOODPUT_COUNTERS = ("good", "good_output_tokens")
 CACHE_COUNTERS = ("cached_tokens", "cache_reported_prompt_tokens")
-SESSION_COUNTERS = ("sessions_started", "sessions_completed", "sessions_abandoned", "sessions_cut", "turns_not_sent")
+SESSION_COUNTERS = ("sessions_started", "sessions_completed", "sessions_abandoned", "sessions_cut", "turns_not_sent",
+                    "sessions_history_limit")
 _FIRST_COUNTERS = ("sent", "completed", "dropped", "late", "cancelled", *ERROR_KINDS, *TOKEN_COUNTERS)
 COUNTERS = (*_FIRST_COUNTERS, *GOODPUT_COUNTERS, *CACHE_COUNTERS, *SESSION_COUNTERS)
 SENT, COMPLETED, DROPPED, LATE, CANCELLED = range(5)
@@ -62,7 +66,7 @@ ERROR_INDEX = {kind: 5 + i for i, kind in enumerate(ERROR_KINDS)}
 PROMPT_TOKENS, OUTPUT_TOKENS, OUTPUT_TOKENS_USAGE = (COUNTERS.index(c) for c in TOKEN_COUNTERS)
 GOOD, GOOD_OUTPUT_TOKENS = (COUNTERS.index(c) for c in GOODPUT_COUNTERS)
 CACHED_TOKENS, CACHE_REPORTED = (COUNTERS.index(c) for c in CACHE_COUNTERS)
-SESSIONS_STARTED, SESSIONS_COMPLETED, SESSIONS_ABANDONED, SESSIONS_CUT, TURNS_NOT_SENT = (
+SESSIONS_STARTED, SESSIONS_COMPLETED, SESSIONS_ABANDONED, SESSIONS_CUT, TURNS_NOT_SENT, SESSIONS_HISTORY_LIMIT = (
     COUNTERS.index(c) for c in SESSION_COUNTERS)
 
 # Per turn of a session (intervals.py, IntervalReport.turns): (class index, turn, warm-up) -> these
@@ -285,20 +289,28 @@ EVENT_TYPES: dict[str, Event] = {
 
 # -- a capacity search's directory (`latscope capacity`) ---------------------------------------------
 # DIR/capacity.json (its own schema_version), DIR/capacity.html, and DIR/steps/NNN-<rate>/: one
-# ordinary results directory per step.
+# ordinary results directory per step. capacity.json's schema_version 2 (latscope capacity since the
+# undecided band): `bracket` holds the two confident ends (low_rps: the highest rate that passed with
+# confidence; high_rps: the lowest that failed with confidence) and the band between them
+# (undecided_low_rps, undecided_high_rps; `undecided_rps` lists every rate undecided after its
+# extensions); version 1 counted a rate undecided twice as a fail, so its high_rps may be one
+# (analysis/capacity_gate.py reads both).
 CAPACITY = "capacity.json"
 CAPACITY_PAGE = "capacity.html"
-CAPACITY_SCHEMA_VERSION = 1
+CAPACITY_SCHEMA_VERSION = 2
 STEPS_DIR = "steps"
 
 # capacity.json's `stopped`: why the search ended -> (the exit code of `latscope capacity`, in words)
 CAPACITY_STOPS = {
     "precision": (0, "the bracket is within the precision asked"),
     "max_rate": (0, "the SLOs hold at --max-rate: the capacity is at least that"),
+    "undecided_band": (0, "the SLOs are undecided between the confident ends at this step length: the capacity is "
+                          "at least the lower end"),
     "slo_fails_at_lowest_rate": (1, "the SLOs fail even at the lowest rate"),
     "inconclusive": (4, "the data cannot tell whether the SLOs hold even at the lowest rate"),
     "generator_limit": (4, "the load generator fell behind: the limit found is its own, not the target's"),
     "max_steps": (4, "--max-steps ran out before the bracket was narrow enough"),
     "interrupted": (4, "interrupted"),
     "run_failed": (4, "a step's run failed"),
+    "target_down": (1, "the target stopped answering (every request of the step's last intervals failed to connect)"),
 }

@@ -44,7 +44,7 @@ from latscope.run.pool import LocalPool, Pool
 from latscope.run.summary import RunFacts, write_results
 from latscope.scenario import Scenario, redacted_yaml, scrub, secret_values
 from latscope.telemetry.session import TelemetrySession
-from latscope.workload import Payloads
+from latscope.workload import Payloads, with_run_salt
 
 STOP_GRACE_S = 10.0  # how long stopped workers get to report what they measured
 HURRY_GRACE_S = 1.0  # ... after a second Ctrl-C (a stopped worker drains for 0.5 s, engine.Engine._drain)
@@ -107,6 +107,7 @@ def _run_scenario(scenario: Scenario, out: str | Path | None, workers: int | Non
     split = core_split(scenario.target.launch)  # a launched target's own cores, latscope's the rest
     workers = max(1, workers or (len(split[0]) if split else os.cpu_count() or 1))
     started_wall = time.time()
+    written, scenario = scenario, with_run_salt(scenario)  # one salt for the whole run (summary.json prompt_salt)
     plan = build_plan(scenario)
     Payloads(scenario)  # a dataset or tensor file that does not load fails here, not in every worker
     live = _start_live(scenario, plan, metrics_port, metrics_host)  # a taken port fails here, before any file
@@ -115,7 +116,7 @@ def _run_scenario(scenario: Scenario, out: str | Path | None, workers: int | Non
         if stop.reason:  # one came, and a finalizer it interrupted swallowed its exception
             raise Interrupted(stop.reason)
         run_dir = results.create_run_dir(scenario.output.dir, scenario.name, started_wall, out)
-        results.write_text(run_dir / results.SCENARIO, redacted_yaml(scenario))
+        results.write_text(run_dir / results.SCENARIO, redacted_yaml(written))  # as written: `prompt_salt: run` draws again
         events = results.EventLog(run_dir / results.EVENTS)
         if scenario.output.save_schedule:
             _write_schedule(run_dir, plan)

@@ -24,7 +24,8 @@ import numpy as np
 from latscope import __version__, results
 from latscope.analysis.coldstart import cold_start_summary
 from latscope.analysis.run_data import load_run
-from latscope.analysis.verdicts import slo_verdicts, validity
+from latscope.analysis.verdicts import (lag_thresholds, no_success_reason, node_stamp, slo_verdicts, tightest_limit,
+                                       validity)
 from latscope.plan import Plan
 from latscope.recorder import summarize
 from latscope.results.schema import (ALL, CACHE_REPORTED, CACHED_TOKENS, CANCELLED, COMPLETED, COUNTERS, DROPPED,
@@ -34,6 +35,7 @@ from latscope.results.schema import (ALL, CACHE_REPORTED, CACHED_TOKENS, CANCELL
                                      TURN_REPORTED, summary_order, turn_class)
 from latscope.run.collector import Collector
 from latscope.scenario import Scenario
+from latscope.workload import salt_record
 
 
 @dataclass
@@ -112,8 +114,16 @@ def build_summary(facts: RunFacts) -> dict:
     offered = int(plan.planned_requests[measured].sum())
     if plan.closed_loop:  # the users' load is what they sent (it follows the server)
         offered = max(offered, requests["sent"] + requests["dropped"])
-    verdict, reasons = validity(metrics, requests, scenario.validity, scenario.limits.max_in_flight,
-                                (facts.distributed or {}).get("nodes"))
+    # The lateness thresholds follow what lateness can change here (verdicts.py): the tightest time
+    # limit and the planned arrivals' spacing; a distributed run's nodes are stamped by the same ones.
+    thresholds = lag_thresholds(scenario.validity, metrics, tightest_limit(scenario.slos, scenario.goodput_objectives()),
+                                max(offered / window if window else 0.0, _busiest_rate(facts)))
+    distributed = facts.distributed and {**facts.distributed, "nodes": [
+        {**node, "validity": node_stamp(node, thresholds)} for node in facts.distributed.get("nodes", [])]}
+    verdict, reasons = validity(metrics, requests, thresholds, scenario.limits.max_in_flight,
+                                (distributed or {}).get("nodes"))
+    if (nothing := no_success_reason(requests, errors, facts.error_examples)) is not None:
+        verdict, reasons = "invalid", [*reasons, nothing]
     goodput = _goodput(facts, window)  # before the SLO verdicts, which may read it
     launched = facts.launched
     return {
@@ -125,6 +135,7 @@ def build_summary(facts: RunFacts) -> dict:
         "abort_reason": facts.abort_reason,
         "validity": verdict,
         "validity_reasons": reasons,
+        "validity_thresholds": thresholds.record(),
         "requests": requests,
         "requests_by_class": by_class,
         "warmup_requests": warmup,
@@ -139,6 +150,7 @@ def build_summary(facts: RunFacts) -> dict:
         "error_examples": facts.error_examples,
         "goodput": goodput,
         "load": _load(plan),
+        "prompt_salt": salt_record(scenario),
         "sessions": _sessions(facts, metrics),
         "slo": slo_verdicts(metrics, scenario.slos, requests, requests["completed"] / window if window else 0.0, goodput),
         "phases": [
@@ -153,7 +165,7 @@ def build_summary(facts: RunFacts) -> dict:
             # the launched target's start and readiness on the run's clock (negative: before t=0)
             "target_launched_at_s": facts.run_clock(launched and launched[0]),
             "target_ready_at_s": facts.run_clock(launched and launched[1]),
-            **(facts.distributed or {}),
+            **(distributed or {}),
         },
         "environment": {
             "latscope": __version__,
@@ -164,6 +176,18 @@ def build_summary(facts: RunFacts) -> dict:
             "gpus": facts.gpus,
         },
     }
+
+
+def _busiest_rate(facts: RunFacts) -> float:
+    """The planned rate (req/s) of the busiest measured phase, over the part of it that ran: the
+    arrivals' spacing that validity compares lateness with (a burst phase is not averaged away)."""
+    plan, executed, busiest = facts.plan, facts.executed_s(), 0.0
+    measured = plan.offsets_s < executed
+    for i, p in enumerate(plan.phases):
+        span = min(p.start_s + p.duration_s, executed) - p.start_s
+        if not p.warmup and span >= min(p.duration_s, 1.0):  # not a sliver cut short (a noisy rate)
+            busiest = max(busiest, float(plan.planned_requests[measured & (plan.phase == i)].sum()) / span)
+    return busiest
 
 
 def _request_counts(facts: RunFacts) -> tuple[dict, dict, dict, dict]:

@@ -23,10 +23,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from latscope.errors import ScenarioError
+from latscope.scenario.load import parse_yaml
 from latscope.scenario.settings import Slo
 
 PERCENTILE_OF = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p99.9": 99.9}
@@ -83,11 +83,13 @@ def load_gate_file(path: str | Path | None) -> GateFile:
         return GateFile()
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ScenarioError(f"{path}: cannot read the gate file ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        raise ScenarioError(f"{path}: not valid YAML: {exc}") from None
+    except UnicodeDecodeError:
+        raise ScenarioError(f"{path}: the gate file is not UTF-8 text") from None
+    # the scenario loader's parse: its bounds, and a 5,000-digit integer named by line, not a traceback
+    data = parse_yaml(text, str(path)) or {}
     try:
         return GateFile.model_validate(data)
     except ValidationError as exc:

@@ -21,6 +21,7 @@ import difflib
 import math
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import UnionType
@@ -164,7 +165,25 @@ class _Loader(yaml.SafeLoader):
     def _refuse(self, event: yaml.Event, message: str) -> NoReturn:
         raise ScenarioError(f"{self.label}:{event.start_mark.line + 1}: {message}")
 
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:  # int() reads at most sys.get_int_max_str_digits() (4,300) decimal digits
+            raise _LongInteger(node) from None
 
+
+class _LongInteger(yaml.constructor.ConstructorError):
+    """An integer with more digits than Python reads from text: PyYAML's int() would raise a bare
+    ValueError (a traceback); this names the node, so the message can name its line and field."""
+
+    def __init__(self, node: yaml.ScalarNode):
+        digits = sum(c.isdigit() for c in node.value)
+        super().__init__(None, None, f"an integer of {digits:,} digits, more than the {sys.get_int_max_str_digits():,} "
+                                     "Python reads", node.start_mark)
+        self.node = node
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
 _Loader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
@@ -185,12 +204,41 @@ def _parse_yaml(text: str, label: str) -> tuple[yaml.Node | None, Any]:
             return None, None
         _check_duplicate_keys(root, label)
         return root, loader.construct_document(root)
+    except _LongInteger as exc:
+        raise ScenarioError(_Origin(label, root).problem(_node_path(root, exc.node), exc.problem)[1]) from None
     except yaml.MarkedYAMLError as exc:
         raise ScenarioError(_yaml_error_message(exc, label)) from None
     except yaml.YAMLError as exc:
         raise ScenarioError(f"{label}: invalid YAML: {exc}") from None
     finally:
         loader.dispose()
+
+
+def parse_yaml(text: str, label: str) -> Any:
+    """The data of a YAML document a user wrote (a gate file): the scenario loader's parse, with its
+    bounds (nesting, aliases), duplicate-key check and messages, as ScenarioError naming `label`."""
+    return _parse_yaml(text, label)[1]
+
+
+def _node_path(root: yaml.Node, target: yaml.Node) -> DataPath:
+    """The data path of `target` in the tree under `root` (keys as written; () when not found)."""
+    seen: set[int] = set()
+
+    def walk(node: yaml.Node, path: DataPath) -> DataPath | None:
+        if node is target:
+            return path
+        if id(node) in seen:  # an alias: walked already
+            return None
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            children = [(k.value if isinstance(k, yaml.ScalarNode) else "?", v) for k, v in node.value]
+        elif isinstance(node, yaml.SequenceNode):
+            children = list(enumerate(node.value))
+        else:
+            return None
+        return next((found for key, child in children if (found := walk(child, (*path, key))) is not None), None)
+
+    return walk(root, ()) or ()
 
 
 def _yaml_error_message(exc: yaml.MarkedYAMLError, label: str) -> str:
@@ -269,6 +317,8 @@ def _apply_overrides(data: dict, overrides: Sequence[str]) -> tuple[dict, dict[D
                 value = loader.get_single_data()
             finally:
                 loader.dispose()
+        except _LongInteger as exc:
+            raise ScenarioError(f"--set {shown!r}: the value is {exc.problem}") from None
         except yaml.YAMLError as exc:
             problem = getattr(exc, "problem", None) or exc
             raise ScenarioError(f"--set {shown!r}: the value is not valid YAML ({problem}); quote it") from None
@@ -524,7 +574,7 @@ def _show(value: Any, path: DataPath, templates: dict[DataPath, str]) -> str:
     """A rejected value for an error message, without leaking secrets."""
     if path in templates:
         shown = "<redacted>" if is_secret(path) else redact_url(str(value))
-        return f"{templates[path]} = {shown!r}"
+        return f"{templates[path]} = {shown if len(shown) <= 80 else shown[:77] + '...'!r}"
     if isinstance(value, str):
         text = "<redacted>" if is_secret(path) else redact_url(value)
         return repr(text if len(text) <= 80 else text[:77] + "...")

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Annotated, Any, Iterator, Literal
 
-from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
+from pydantic import BeforeValidator, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from latscope.errors import ScenarioError
 from latscope.scenario.actions import Action, check_actions
@@ -23,12 +23,28 @@ from latscope.scenario.workload import Workload, WorkloadClass
 MAX_SEED = 2**63 - 1
 
 
+def _salt(value: Any) -> Any:
+    """`prompt_salt`: run, none, or an integer in [0, MAX_SEED] (written as a number or a string of digits)."""
+    if isinstance(value, str) and value.strip().isdigit() and len(value.strip()) <= 19:
+        value = int(value)
+    if value in ("run", "none") or (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_SEED):
+        return value
+    raise ValueError(f"`run` (a new salt every run), `none` (the prompts depend on the seed alone) or an integer "
+                     f"salt from 0 to {MAX_SEED}, not {str(value)[:40]!r}")
+
+
 class Scenario(Model):
     """A latscope scenario: what to hit, with what traffic, for how long."""
 
     name: str | None = None  # load_scenario fills in the file's stem
     description: str = ""
     seed: int = Field(0, ge=0, le=MAX_SEED)  # numpy takes any integer >= 0; this range fits an int64 anywhere
+    # The synthetic prompts' salt (workload.py), so that a second run against the same server is not
+    # measured against its prefix cache: `run` (the default) draws a new salt for every run (the same
+    # lengths, structure and shared prefixes within the run, other words from run to run); `none`
+    # makes the prompts a function of the seed alone (the same text every run); an integer is that
+    # salt (summary.json `prompt_salt.value` repeats a run's prompts exactly: --set prompt_salt=N).
+    prompt_salt: Annotated[Literal["run", "none"] | int, BeforeValidator(_salt)] = "run"
     target: Target
     phases: list[Phase] = Field(min_length=1)
     workload: Workload = Workload()
@@ -51,6 +67,8 @@ class Scenario(Model):
     # A file as written in the scenario -> where it is on this machine instead (a distributed run's
     # node keeps the files it fetched from the master in its cache: use_files)
     _files: dict[str, Path] = PrivateAttr(default_factory=dict)
+    # Whether the run drew prompt_salt itself (`prompt_salt: run`, workload.with_run_salt)
+    _salt_drawn: bool = PrivateAttr(default=False)
 
     @field_validator("name")
     @classmethod

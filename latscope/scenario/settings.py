@@ -34,6 +34,10 @@ class Limits(Model):
     # The most one response may be (head and body, as read), per request: a target whose answer never
     # ends or is enormous makes that request a `protocol` error instead of filling a worker's memory.
     max_response_bytes: int = Field(64 << 20, ge=1)
+    # The most a worker's chat sessions may carry all together (the sum of their histories, each also
+    # bounded by its class's session.max_history_bytes): the session whose answer takes the sum past it
+    # ends `history_limit`, so many sessions with long histories cannot fill a worker's memory either.
+    max_carried_bytes_per_worker: int = Field(256 << 20, ge=1)
 
 
 SLO_RUN_STATS = ("error_rate", "throughput")  # of the whole run, not of a metric
@@ -168,8 +172,13 @@ class Output(Model):
 
 
 class Validity(Model):
-    """Thresholds (ms, p99) on the generator's own lateness that stamp a run degraded or invalid."""
+    """Thresholds (ms, p99) on the generator's own lateness that stamp a run degraded or invalid.
+    With `relative` (the default) they are the floor, raised to what lateness cannot change much:
+    a share of the run's tightest time limit and of its arrivals' spacing (analysis/verdicts.py
+    says which and why; summary.json `validity_thresholds` records those applied). `relative:
+    false` applies these numbers alone."""
 
+    relative: bool = True
     # validate_default: a default invalid_* must also be checked against a raised degraded_*.
     degraded_send_lag_p99_ms: float = Field(1.0, gt=0)
     invalid_send_lag_p99_ms: float = Field(10.0, gt=0, validate_default=True)

@@ -50,7 +50,8 @@ class Target(Model):
     timeout: PositiveDuration = 30.0
     model: ModelName | None = None  # the `model` of OpenAI requests; the model name of KServe v2 requests
     api_key: Annotated[HeaderValue | None, SECRET] = None  # sent as "Authorization: Bearer ..."; use ${ENV}, never a literal
-    # Sent with every request, its value the request's `seq` (its row in schedule.parquet), e.g. X-Request-Id:
+    # Sent with every request, its value a UUID that says the request's `seq` (its row in schedule.parquet:
+    # latscope/request_ids.py), e.g. X-Request-Id:
     # server logs and packet captures can then be matched to latscope's own records. gRPC: lower-cased metadata.
     request_id_header: HeaderName | None = None
     openai: OpenAIOptions = OpenAIOptions()

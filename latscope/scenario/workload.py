@@ -165,12 +165,19 @@ class Session(Model):
     to the one before (open loop: a session's *start* comes from the phase's arrivals; its later
     turns from its own answers). Each turn's new text has the class's prompt_tokens and asks for its
     output_tokens (or comes from a ShareGPT dataset's human turns, in order). `history: carry` sends
-    every earlier turn and the answer the server gave to it (chat); `new` sends only the new text."""
+    every earlier turn and the answer the server gave to it (chat); `new` sends only the new text.
+    A carried history is bounded: past `max_history_bytes` (or the worker's
+    limits.max_carried_bytes_per_worker) the session ends `history_limit` (chat.py)."""
 
     turns: Length | None = None  # default: 1, or a ShareGPT conversation's human turns
     think_time: Annotated[ThinkDist, BeforeValidator(_think)] = FixedThink(value=0.0)
     history: Literal["carry", "new"] = "carry"
     shared_prefix: SharedPrefix | None = None
+    # The most one session's carried history may hold, as the client keeps it (the earlier turns and
+    # answers, JSON-escaped: ~4-5 bytes a token). 8 MiB holds any history a real server accepts (a
+    # 1M-token context, limits.max_prompt_tokens' default, is ~5 MB of text), while a target whose
+    # answers are enormous ends the session after one of them instead of filling the worker's memory.
+    max_history_bytes: int = Field(8 << 20, ge=1)
 
     @field_validator("turns")
     @classmethod

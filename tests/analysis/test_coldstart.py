@@ -220,3 +220,24 @@ def test_a_slowdown_its_peers_shared_is_not_a_replicas_cold_start(tmp_path, peer
     assert new["first_p50_ms"] == hdr_ms([20 * MS])["p50_ms"] and new["slowdown_p50"] == 2.0
     assert new["peers_slowdown_p50"] == shared
     assert (new["cold_by"], new["cold"]) == (cold_by, cold_by is not None)
+
+
+def test_a_wake_that_was_not_cold_is_told_only_for_a_target_that_can_scale():
+    """"scale from zero after idle … not cold" means something only for a target that has replicas to
+    scale (it kept its capacity); against one that names none it says nothing and is left out. A cold
+    first request after idle is told either way: the slowdown speaks for itself."""
+    from latscope.analysis.coldstart import can_scale, capacity_events
+
+    steady = {"first_count": 20, "first_max_ms": 30.0, "steady_p50_ms": 25.0, "steady_max_ms": 60.0, "suffered_s": 0.0,
+              "affected_requests": 0}
+    wake = {"phase": "wake", "at_s": 20.0, "idle_gap_s": 6.0, "first_latency_ms": 30.0, "replica": None, **steady,
+            "cold": False}
+    plain = {"target_launch": None, "restarts": [], "scale_up": [], "scale_from_zero": [wake], "starts": [
+        {"kind": "run_start", "label": "p"}, {"kind": "phase", "label": "wake"}]}
+    assert not can_scale(plain) and capacity_events(plain) == []
+    cold_wake = {**wake, "first_latency_ms": 400.0, "cold": True}
+    assert [e["kind"] for e in capacity_events({**plain, "scale_from_zero": [cold_wake]})] == ["scale_from_zero"]
+    for replicas in ({"scale_from_zero": [{**wake, "replica": "r0"}]},
+                     {"starts": [*plain["starts"], {"kind": "replica", "label": "r0"}]}):
+        shown = {**plain, **replicas}
+        assert can_scale(shown) and [e["kind"] for e in capacity_events(shown)] == ["scale_from_zero"]

@@ -209,3 +209,13 @@ def test_goodput_slos_from_the_scenario_and_from_a_gate_file(tmp_path):
     # A run without goodput (no objectives, or written before goodput existed) cannot meet a goodput SLO.
     res = cli("gate", str(write_run(tmp_path / "none", 9)), "--slo", str(f))
     assert res.exit_code == 1 and "goodput/all fraction: no data (SLO ≥ 99.0%)" in res.output
+
+
+def test_a_run_in_which_no_request_succeeded_is_invalid_without_blaming_the_generator():
+    from latscope.analysis.gate import validity_check
+
+    reason = 'no request succeeded: 73 sent, 73 errors (http_4xx 73): no latency was measured; e.g. http_4xx: "HTTP 400"'
+    check = validity_check({"validity": "invalid", "validity_reasons": [reason]}, "new")
+    assert check.status == INCONCLUSIVE and check.message == f"new run is invalid: {reason}"
+    lag = validity_check({"validity": "invalid", "validity_reasons": ["send lag p99 30 ms > 10 ms"]}, "new")
+    assert "the load generator fell behind" in lag.message

@@ -8,7 +8,7 @@ import pytest
 from analysis_runs import record_all, write_run
 from latscope.analysis.percentiles import SPECTRUM_PERCENTILES, interval_percentiles, spectrum
 from latscope.analysis.run_data import load_run
-from latscope.recorder import merge, summarize, values_at
+from latscope.recorder import merge, new_histogram, summarize, values_at
 from helpers import read_intervals
 
 WARMUP_US = 900_000  # every warm-up value: far above any measured one, so a leak would show at the top
@@ -68,3 +68,16 @@ def test_interval_percentiles_flag_warmup_and_match_each_interval(run):
     assert rows["in_flight"].isna().all()  # only "all" carries in_flight
     assert interval_percentiles(run, "latency", "all")["in_flight"].tolist() == [0] * 7
     assert len(interval_percentiles(run, "latency", "nope")) == 0
+
+
+def test_percentile_rank_is_p_times_n_rounded_half_up_not_its_ceiling():
+    """The rank of percentile p among N values is max(1, ⌊p·N + 0.5⌋) (HdrHistogram's definition,
+    docs/timing.md), not ⌈p·N⌉: of the ten values 1 … 10 µs (each its own bucket, so the value is
+    the rank), p91 is the 9th (9.1 rounds to 9; the ceiling would be 10), p14 the 1st (1.4 → 1, not
+    2), p95 the 10th (9.5 rounds half up), p4 the 1st (0.4 → 0, at least 1). hdrh agrees."""
+    h = new_histogram()
+    for v in range(1, 11):
+        h.record_value(v)
+    got = values_at(h, [91, 14, 95, 4, 85])
+    assert got == {91: 9, 14: 1, 95: 10, 4: 1, 85: 9}
+    assert h.get_percentile_to_value_dict([91, 14, 95, 4, 85]) == got

@@ -6,7 +6,11 @@ import math
 
 import pytest
 
-from latscope.analysis.slo_confidence import FAIL, PASS, UNDECIDED, judge, load, slo_intervals, wilson
+import numpy as np
+
+from latscope.analysis.gate import GateRun
+from latscope.analysis.slo_confidence import (FAIL, LOOKS, PASS, UNDECIDED, judge, load, look_confidence, pool, slo_intervals,
+                                             wilson)
 from latscope.run import run_scenario
 from latscope.scenario import Slo, scenario_from_dict
 
@@ -65,3 +69,70 @@ def test_a_real_run_is_judged_by_each_slo(target, tmp_path):
     p99 = next(j for j in judged if j.name == "latency/all p99")
     # 300 values: 3 beyond p99, too few for an upper bound — the verdict waits, whatever the value
     assert p99.high is None and p99.verdict in (UNDECIDED, FAIL)
+
+
+# -- a step judged in looks: pooling and the level of each look ------------------------------------
+
+LOWEST = np.arange(400) * 250.0  # a bucket table in µs: [0, 250), [250, 500), ... up to 100 ms
+HIGHEST = LOWEST + 249.0
+P99 = Slo.model_validate({"metric": "latency", "stat": "p99", "limit_ms": 60})
+
+
+def _run(dense: np.ndarray, summary: dict | None = None) -> GateRun:
+    """A GateRun whose latency/all intervals are `dense` (intervals x the whole bucket table),
+    compacted as gate_run does: only the buckets it used."""
+    used = np.flatnonzero(dense.sum(axis=0))
+    return GateRun(None, summary or {}, {("latency", "all"): (dense[:, used], LOWEST[used], HIGHEST[used])}, [P99])
+
+
+def _exponential_intervals(rng: np.random.Generator, intervals: int, per: int, scale_us: float) -> np.ndarray:
+    dense = np.zeros((intervals, LOWEST.size), np.int64)
+    for i in range(intervals):
+        buckets = np.minimum((rng.exponential(scale_us, per) // 250).astype(int), LOWEST.size - 1)
+        np.add.at(dense[i], buckets, 1)
+    return dense
+
+
+def test_a_pooled_judgement_is_the_judgement_of_the_runs_intervals_side_by_side():
+    # Two runs of the same step with different buckets used (their compact tables differ): pooling
+    # re-aligns them, so it equals one run holding both runs' intervals (the bootstrap included: same
+    # matrix, same seed), and its interval is narrower than either run's.
+    rng = np.random.default_rng(3)
+    a, b = _exponential_intervals(rng, 20, 150, 10_000), _exponential_intervals(rng, 40, 150, 11_000)
+    pooled = slo_intervals(pool([_run(a), _run(b)]), [P99], 0.95)[0]
+    together = slo_intervals(_run(np.vstack([a, b])), [P99], 0.95)[0]
+    assert pooled == together
+    first = slo_intervals(_run(a), [P99], 0.95)[0]
+    assert pooled.high - pooled.low < first.high - first.low
+    alone = _run(a)
+    assert pool([alone]) is alone
+
+
+def test_pooled_counts_rates_and_means_are_those_of_one_run_holding_both():
+    slos = [Slo.model_validate(s) for s in ({"stat": "error_rate", "limit": 0.05}, {"stat": "throughput", "limit": 50},
+                                            {"metric": "latency", "stat": "mean", "limit_ms": 20},
+                                            {"metric": "latency", "stat": "max", "limit_ms": 90})]
+    rng = np.random.default_rng(4)
+    a, b = _exponential_intervals(rng, 10, 100, 10_000), _exponential_intervals(rng, 20, 100, 10_000)
+    one = {"requests": {"completed": 990, "errors": 10}, "throughput": {"measured_window_s": 10.0, "achieved_rps": 99.0},
+           "metrics": {"latency": {"all": {"count": 1000, "mean_ms": 10.0, "max_ms": 70.0}}}}
+    two = {"requests": {"completed": 1990, "errors": 10}, "throughput": {"measured_window_s": 20.0, "achieved_rps": 99.5},
+           "metrics": {"latency": {"all": {"count": 2000, "mean_ms": 13.0, "max_ms": 80.0}}}}
+    error_rate, throughput, mean, maximum = slo_intervals(pool([_run(a, one), _run(b, two)]), slos, 0.95)
+    assert (error_rate.value, (error_rate.low, error_rate.high)) == (20 / 3000, wilson(20, 3000, 0.95))  # counts add up
+    assert throughput.value == pytest.approx((990 + 1990) / 30)  # all completed over all the measured time
+    assert mean.value == pytest.approx((1000 * 10 + 2000 * 13) / 3000)  # the count-weighted mean: 12 ms
+    assert maximum.value == 80.0
+
+
+def test_each_of_the_three_looks_is_judged_at_one_third_of_the_error_so_the_sequence_keeps_it():
+    # Bonferroni: K = 3 looks at 1 − α/3 each; each side of each look misses with ≤ α/6, so any look
+    # of the three is wrong on one side with ≤ 3 · α/6 = α/2, the single look's error at 1 − α.
+    assert LOOKS == 3
+    assert look_confidence(0.95) == pytest.approx(1 - 0.05 / 3)
+    assert LOOKS * (1 - look_confidence(0.95)) / 2 == pytest.approx((1 - 0.95) / 2)
+    # and the interval it gives is the wider one of that level (z 2.39, not 1.96)
+    rng = np.random.default_rng(5)
+    run = _run(_exponential_intervals(rng, 30, 200, 10_000))
+    single, look = slo_intervals(run, [P99], 0.95)[0], slo_intervals(run, [P99], look_confidence(0.95))[0]
+    assert look.low <= single.low and look.high >= single.high and (look.low, look.high) != (single.low, single.high)

@@ -20,6 +20,7 @@ import psutil
 from aiohttp import web
 
 from latscope.distributed.launch import worker_argv
+from latscope.request_ids import request_row
 from latscope.targets.echo import target_app
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,7 +46,7 @@ def arrivals_app(log: list[tuple[int, int, str]]) -> web.Application:
 
     async def handle(request: web.Request) -> web.Response:
         arrived = time.time_ns()
-        seq = int(request.headers["X-Request-Id"])
+        seq = request_row(request.headers["X-Request-Id"])  # a UUID that says the row
         body = await request.json()
         log.append((seq, arrived, body["messages"][-1]["content"]))
         await asyncio.sleep(service_ms(seq) / 1000)
@@ -106,6 +107,19 @@ class Cluster:
         home.mkdir()
         proc = subprocess.Popen([*UNSHARE, *command] if shifted else command, stdout=open(log, "w"),
                                 stderr=subprocess.STDOUT, cwd=home, env=self.env())
+        proc.log = log
+        self.workers.append(proc)
+        return proc
+
+    def start_hostile(self, case: str) -> subprocess.Popen:
+        """A real Locust worker that speaks latscope's protocol until it sends the bad message of
+        `case` (hostile_node.py, a locustfile)."""
+        i = len(self.workers)
+        log = self.tmp / f"hostile{i}.log"
+        argv = worker_argv("127.0.0.1", self.port, None)
+        argv[argv.index("-f") + 1] = str(Path(__file__).with_name("hostile_node.py"))
+        proc = subprocess.Popen(argv, stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=self.tmp,
+                                env={**self.env(), "HOSTILE": case})
         proc.log = log
         self.workers.append(proc)
         return proc

@@ -14,7 +14,8 @@ from latscope.distributed.clock import ClockEstimate
 from latscope.distributed.remote import check_no_secrets
 from latscope.errors import RunError
 from latscope.distributed.frames import MAX_FRAME, PeerGone, recv_frame, send_frame
-from latscope.distributed.wire import decode_plan, decode_report, encode_plan, encode_report, merge_reports, shift_report
+from latscope.distributed.wire import (decode_plan, decode_report, encode_plan, encode_report, merge_reports, report_limits,
+                                      shift_report)
 from latscope.plan import build_plan
 from latscope.records import IntervalReport, Probe
 from latscope.recorder import new_histogram, summarize, to_sparse
@@ -41,10 +42,15 @@ def engine_report(rng: np.random.Generator, k: int, worker: int, n: int = 2000) 
                           turns={(0, 1, False): list(range(1, len(TURN_COUNTERS) + 1))})
 
 
+def smoke_limits():
+    """What a node's reports may say in a run of scenarios/smoke.yaml (validate.Limits)."""
+    return report_limits(build_plan(load_scenario(REPO / "scenarios" / "smoke.yaml")), 100, {})
+
+
 def test_a_report_survives_the_wire_exactly_and_small():
     r = engine_report(np.random.default_rng(1), 3, 0)
     blob = encode_report(r)
-    back = decode_report(blob, worker=5)
+    back = decode_report(blob, 5, smoke_limits(), 3)
     assert back.worker == 5 and back.interval == 3 and back.in_flight == r.in_flight
     assert back.histograms.keys() == r.histograms.keys()
     for key, (idx, cnt) in r.histograms.items():
@@ -66,7 +72,7 @@ def test_a_nodes_merged_report_collects_to_exactly_what_its_engines_reports_woul
     for k, reports in engines.items():
         for r in reports:
             direct.add(dataclasses.replace(r))
-        via_node.add(decode_report(encode_report(merge_reports(reports, worker=0)), worker=0))
+        via_node.add(decode_report(encode_report(merge_reports(reports, worker=0)), 0, report_limits(plan, 100, {}), k))
     assert direct.completed_intervals == via_node.completed_intervals == 3
     a, b = direct.totals_with_all(), via_node.totals_with_all()
     assert a.keys() == b.keys()
@@ -198,3 +204,63 @@ def test_a_secret_written_as_it_is_never_leaves_for_the_workers(tmp_path, monkey
         check_no_secrets(source, ["target.api_key=sk-live-0123456789"], secrets)
     with pytest.raises(RunError, match="the scenario file holds a secret"):
         check_no_secrets(source.replace("${OPENAI_API_KEY:-}", "sk-live-0123456789"), [], secrets)
+
+
+def test_a_report_mangled_any_way_is_refused_by_name_or_collected_never_a_crash():
+    """Fixed-seed fuzz of what a hostile node could send as an interval report: a real report's
+    fields, one at a time, replaced by values of other types and ranges (and random bytes, a zip
+    bomb). decode_report either refuses it with InvalidMessage or gives a report the collector
+    merges and summarizes; no other exception."""
+    import zlib
+
+    from latscope.distributed.frames import pack, unpack
+    from latscope.distributed.validate import MAX_INFLATED, InvalidMessage
+
+    plan = build_plan(load_scenario(REPO / "scenarios" / "smoke.yaml"))
+    limits = report_limits(plan, 100, {})
+    body = unpack(zlib.decompress(encode_report(engine_report(np.random.default_rng(3), 0, 0, n=200))))
+    rng = np.random.default_rng(30)
+    garbage = [None, -1, 2**63 - 1, -(2**63), 1.5, float("nan"), "x", "\x1b[2J", b"\xff" * 7, [], {}, [1, 2],
+               {"a": 1}, True, ["latency", "default", False, "u2", b"\x01", "u1", b"\x01\x02"]]
+
+    def paths(node, prefix=()):
+        yield prefix
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, value in items:
+            yield from paths(value, (*prefix, key))
+
+    every = [p for p in paths(body) if p]
+    refused = collected = 0
+    for _ in range(600):
+        mangled = unpack(pack(body))
+        path = every[rng.integers(len(every))]
+        target = mangled
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = garbage[rng.integers(len(garbage))]
+        try:
+            report = decode_report(zlib.compress(pack(mangled)), 0, limits, 0)
+        except InvalidMessage:
+            refused += 1
+            continue
+        collector = Collector(1, plan, 1.0, None)
+        collector.add(report)
+        collector.finish()
+        collector.totals_with_all()
+        collected += 1
+    assert refused > 300 and collected > 0, (refused, collected)
+    for blob, why in ((bytes(rng.integers(0, 256, 4096, dtype=np.uint8)), "not zlib data"),
+                      (zlib.compress(bytes(MAX_INFLATED + 1)), "inflates past"),
+                      (zlib.compress(pack(body))[:-9], "cut short"), (zlib.compress(b"\xc1"), "not msgpack"),
+                      (zlib.compress(pack([1, 2])), "not a mapping")):
+        with pytest.raises(InvalidMessage, match=why):
+            decode_report(blob, 0, limits, 0)
+
+
+def test_printable_shows_control_characters_instead_of_obeying_them():
+    from latscope.distributed.validate import printable
+
+    assert printable("evil\x1b[2J\x9b\u202ehost") == "evil\\x1b[2J\\x9b\\u202ehost"
+    assert printable("line\nnext\ttab", lines=True) == "line\nnext\ttab"
+    assert printable("line\nnext") == "line\\nnext"
+    assert printable("é日本 ok") == "é日本 ok" and printable("x" * 300) == "x" * 254 + "…"

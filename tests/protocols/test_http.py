@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 
 from aiohttp import web
 
 from latscope.protocols import make_client
 from latscope.records import Request
+from latscope.request_ids import request_row, request_run
 from latscope.scenario import scenario_from_dict
 
 from conftest import serve
@@ -98,8 +100,12 @@ def test_each_request_carries_its_seq_in_the_request_id_header_whatever_the_prot
         _send_all(url, classes, [0, 1, 2, 0, 1, 2], request_id_header="X-Request-Id")
         _send_all(url, classes[:1], [0])
     headers = [{name.lower(): value for name, value in s["headers"].items()} for s in seen]  # aiohttp spells it X-Request-ID
-    assert [(h["x-class"], h["x-request-id"]) for h in headers[:6]] == [
-        ("plain", "0"), ("chat", "1"), ("tensor", "2"), ("plain", "3"), ("chat", "4"), ("tensor", "5")]
+    # a UUID (servers such as llama.cpp's accept nothing else there) that says the request's row
+    assert [(h["x-class"], request_row(h["x-request-id"])) for h in headers[:6]] == [
+        ("plain", 0), ("chat", 1), ("tensor", 2), ("plain", 3), ("chat", 4), ("tensor", 5)]
+    ids = [uuid.UUID(h["x-request-id"]) for h in headers[:6]]
+    assert {i.version for i in ids} == {4} and {i.variant for i in ids} == {uuid.RFC_4122}
+    assert len({request_run(str(i)) for i in ids}) == 1  # one run, one prefix
     assert "x-request-id" not in headers[6]  # none unless asked for
 
 

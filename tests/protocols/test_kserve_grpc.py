@@ -17,6 +17,7 @@ from latscope.protocols.kserve import InvalidResponse
 from latscope.protocols.kserve_grpc import (ERROR_KINDS_BY_CODE, KServeGrpcClient, decode_infer_response,
                                             encode_infer_request)
 from latscope.records import Request
+from latscope.request_ids import request_row
 from latscope.scenario import scenario_from_dict
 from latscope.workload import Payloads, Tensor
 from reference_server import proto
@@ -165,7 +166,7 @@ def test_fake_server_answers_metadata_and_deadlines():
     assert [o.name for o in request.outputs] == ["y"]
     assert metadata["x-team"] == "typed" and metadata["authorization"] == "Bearer k3y"
     assert [m["x-team"] for _, m in fake.seen] == names
-    assert [m["x-request-id"] for _, m in fake.seen] == [str(i) for i in range(len(names))]  # each call's seq
+    assert [request_row(m["x-request-id"]) for _, m in fake.seen] == list(range(len(names)))  # each call's seq
 
 
 def test_messages_round_trip_and_bad_responses_are_named():

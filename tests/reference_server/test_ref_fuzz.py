@@ -416,6 +416,28 @@ def test_requests_the_http_parser_refuses_are_400_with_one_log_line_and_no_trace
     assert "Traceback" not in server.log_text()
 
 
+@pytest.mark.parametrize("path", [INFER, b"/v1/completions", b"/v1/chat/completions"], ids=["v2", "completions", "chat"])
+def test_a_client_that_closes_mid_body_is_one_info_line_not_an_unhandled_error(server, path):
+    """Ten clients send their headers and 12 of the 100,000 bytes their Content-Length promises, then close:
+    each is one INFO line naming the route and the bytes that came (it used to be an ERROR "unhandled error"
+    with a traceback), and the server serves on."""
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    went_away = f"client went away: the client closed the connection while sending its request body " \
+                f"(POST {path.decode()}, 12 of 100000 bytes came)"
+    before = server.log_text().count(went_away)
+    for _ in range(10):
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100000\r\n\r\n{\"inputs\": [" % path)
+            sock.shutdown(socket.SHUT_WR)  # nothing more comes: the server sees the connection end mid-body
+    lines = wait_for(lambda: [x for x in server.log_text().splitlines() if went_away in x][before:] if
+                     server.log_text().count(went_away) >= before + 10 else None, 10, "ten 'client went away' lines")
+    assert len(lines) == 10 and all(" INFO " in line for line in lines), lines
+    text = server.log_text()
+    assert "Traceback" not in text and "unhandled" not in text and " ERROR " not in text, text[-3000:]
+    assert http("GET", f"{server.url}/v2/health/ready")[0] == 200
+
+
 def test_grpc_shape_whose_size_overflows_int64_is_invalid_argument_with_the_true_size(channel):
     request = proto.ModelInferRequest(model_name=MODEL)
     for name in ("input_ids", "attention_mask"):

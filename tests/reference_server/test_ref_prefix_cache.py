@@ -354,3 +354,34 @@ def test_a_small_budget_evicts_the_least_recently_used(cache, logs):
         assert settles_at((2**20, 4 + 4 + 4 + 16))  # d, a, d again, then b: the 12 of a and 4 of d left
         assert completion(s.url, a)[0] == 0  # a was evicted entirely
         assert completion(s.url, a)[0] == 15 * BLOCK
+
+
+def test_a_second_run_finds_its_prompts_in_the_cache_only_with_the_first_runs_salt(server, tmp_path):
+    """issue 30: prompts that depend on the seed alone let a second run against the same server hit the
+    first run's prefix cache (99.7 % against llama.cpp's), so an A/B comparison measures the cache. Each
+    run salts its prompts: a second run finds nothing cached; a run given the first run's salt (summary.json
+    prompt_salt.value, as `--set prompt_salt=<value>` gives it) sends the same prompts and finds each one's
+    full blocks: 32 of its 40 tokens (cached_rule), so a hit rate of 0.8. Within a run no two prompts
+    share a block (each starts at its own place in the text)."""
+    from latscope.run import run_scenario
+    from latscope.scenario import scenario_from_dict
+
+    def run(name: str, **extra) -> dict:
+        data = {"name": name, "seed": 3, **extra,
+                "target": {"protocol": "openai", "url": server, "model": MODEL, "timeout": 30,
+                           "openai": {"api": "completions", "stream": False}},
+                "workload": {"classes": [{"name": "c", "prompt_tokens": 40, "output_tokens": 1}]},
+                "phases": [{"name": "p", "duration": 0.5, "arrival": {"type": "constant", "rate": 12}}],
+                "output": {"dir": str(tmp_path), "report": False}}
+        s = run_scenario(scenario_from_dict(data), workers=1).summary
+        assert s["requests"]["completed"] == s["requests"]["sent"] == 6, s["errors"]
+        return s
+
+    first, second = run("first"), run("second")
+    again = run("again", prompt_salt=first["prompt_salt"]["value"])
+    assert first["prompt_salt"]["mode"] == second["prompt_salt"]["mode"] == "run"
+    assert first["prompt_salt"]["value"] != second["prompt_salt"]["value"]
+    assert again["prompt_salt"] == {"mode": "fixed", "value": first["prompt_salt"]["value"]}
+    hit = {name: s["tokens"]["all"]["prefix_cache"]["hit_rate"] for name, s in
+           (("first", first), ("second", second), ("again", again))}
+    assert hit == {"first": 0.0, "second": 0.0, "again": 0.8}, hit

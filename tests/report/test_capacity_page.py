@@ -55,6 +55,10 @@ def test_the_headline_says_the_capacity_its_limit_why_it_stopped_and_the_cost(pa
      "No rate met every SLO: they fail at the lowest rate tried (100 req/s)"),
     (dict(max_rate_rps=800.0, bracket={"low_rps": 800.0, "high_rps": None}, stopped="max_rate", exit_code=0),
      "Capacity ≥ 800 req/s (no rate tried failed an SLO)"),
+    # schema 2: rates undecided after their looks are a band, not a failure
+    (dict(schema_version=2, max_rate_rps=300.0, stopped="undecided_band", exit_code=0,
+          bracket={"low_rps": 300.0, "high_rps": 400.0, "undecided_low_rps": 320.0, "undecided_high_rps": 350.0}),
+     "Capacity ≥ 300 req/s (the SLOs are undecided at 320–350 req/s, fail with confidence at 400 req/s)"),
     (dict(max_rate_rps=None, bracket={"low_rps": None, "high_rps": None}, stopped="run_failed", exit_code=4, cost=None),
      "No capacity found"),
 ])
@@ -181,7 +185,7 @@ def test_a_directory_without_capacity_json_is_a_results_error(tmp_path):
     with pytest.raises(ResultsError, match="capacity.json"):
         write_capacity_page(tmp_path)
     (tmp_path / "capacity.json").write_text("{not json")
-    with pytest.raises(ResultsError, match="not JSON"):
+    with pytest.raises(ResultsError, match="not valid JSON"):
         write_capacity_page(tmp_path)
 
 

@@ -73,7 +73,8 @@ def test_counter_indices_name_their_counters():
     assert [schema.COUNTERS[i] for i in (schema.GOOD, schema.GOOD_OUTPUT_TOKENS)] == list(schema.GOODPUT_COUNTERS)
     assert [schema.COUNTERS[i] for i in (schema.CACHED_TOKENS, schema.CACHE_REPORTED)] == list(schema.CACHE_COUNTERS)
     assert [schema.COUNTERS[i] for i in (schema.SESSIONS_STARTED, schema.SESSIONS_COMPLETED, schema.SESSIONS_ABANDONED,
-                                         schema.SESSIONS_CUT, schema.TURNS_NOT_SENT)] == list(schema.SESSION_COUNTERS)
+                                         schema.SESSIONS_CUT, schema.TURNS_NOT_SENT, schema.SESSIONS_HISTORY_LIMIT)] == list(
+        schema.SESSION_COUNTERS)
     # each added last, in its turn: no index moved
     later = (*schema.GOODPUT_COUNTERS, *schema.CACHE_COUNTERS, *schema.SESSION_COUNTERS)
     assert schema.COUNTERS[-len(later):] == later == schema.TIMESERIES_COLUMNS[-len(later):]

@@ -1,6 +1,7 @@
 """Hostile scenarios: every malformed file found so far (tests/scenario/corpus/, one file a case, its
-first line `# expect: LINE: field: message`) is refused with file:line:field, never a traceback,
-quickly and in little memory; header injection, URL credentials and secrets from the environment.
+first line `# expect: LINE: field: message`, then any `# also: text` lines the message must hold too,
+e.g. a trace file's own line) is refused with file:line:field, never a traceback, quickly and in
+little memory; header injection, URL credentials and secrets from the environment.
 
 Most cases run in this process (load, plan, payloads: what `latscope validate` does); the costly
 ones, and a few `run`s, go through the real command line, where the time and peak memory of each
@@ -31,6 +32,10 @@ CASES = sorted(CORPUS.glob("*.yaml"))
 # Each of these once took a traceback, gigabytes or minutes: measured on a process of its own.
 COSTLY = ["billion_laughs", "billion_laughs_in_body", "constant_1e7_for_1h", "duration_1e9s", "nested_flow_5000_deep",
           "prompt_tokens_1e9", "ramp_to_1e9", "rate_1e12", "tensor_shape_4tb", "burst_1e9_cycles"]
+# Cases `validate` once accepted and `run` then crashed on (a worker's or the collector's traceback) or
+# ran wrong (an input_length past 2^31 wrapped to a few tokens): both commands refuse them, exit 2.
+RUN_CRASHED = ["mooncake_id_over_capacity", "mooncake_gap_1e13s", "mooncake_input_length_2e31",
+               "mooncake_input_length_2e32", "idle_phase_1e13s", "seed_5000_digits"]
 SECONDS, RSS_MB = 5.0, 512
 
 
@@ -38,6 +43,12 @@ def expected(case: Path) -> str:
     first = case.read_text(encoding="utf-8").splitlines()[0]
     assert first.startswith("# expect: "), f"{case.name}: the first line must say what the error names"
     return first.removeprefix("# expect: ")
+
+
+def also(case: Path) -> list[str]:
+    """The `# also: ` lines after the first: more the message must hold."""
+    return [line.removeprefix("# also: ") for line in case.read_text(encoding="utf-8").splitlines()[1:]
+            if line.startswith("# also: ")]
 
 
 def validate_in_process(path: Path, overrides: tuple[str, ...] = ()) -> str:
@@ -80,6 +91,7 @@ def latscope(*args: str, env: dict | None = None) -> tuple[subprocess.CompletedP
 def test_every_corpus_case_is_refused_naming_file_line_and_field(case):
     message = validate_in_process(case)
     assert f"{case}:{expected(case)}" in message, message
+    assert all(text in message for text in also(case)), message
     assert "Traceback" not in message
 
 
@@ -88,6 +100,7 @@ def test_the_corpus_names_every_case_the_issue_lists():
     assert set(COSTLY) <= stems
     assert {"seed_negative", "seed_too_big", "nul_byte", "header_value_crlf", "url_crlf", "trace_file_empty",
             "dataset_not_json", "lengths_file_no_lengths", "npy_not_npy"} <= stems
+    assert set(RUN_CRASHED) <= stems
 
 
 @pytest.mark.parametrize("stem", COSTLY)
@@ -116,6 +129,57 @@ def test_run_exits_2_too_and_writes_nothing(stem, tmp_path):
     assert result.returncode == 2, result.stderr
     assert f"{case}:{expected(case)}" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists() and seconds < SECONDS
+
+
+@pytest.mark.parametrize("command", ["validate", "run"])
+@pytest.mark.parametrize("stem", RUN_CRASHED)
+def test_what_run_crashed_on_is_exit_2_in_validate_and_run_alike(stem, command, tmp_path):
+    case = CORPUS / f"{stem}.yaml"
+    result, seconds, rss_mb = latscope(command, str(case), *(("--quiet", "--out", str(tmp_path / "out")) if
+                                                             command == "run" else ()))
+    assert result.returncode == 2, result.stderr
+    assert f"{case}:{expected(case)}" in result.stderr and all(text in result.stderr for text in also(case))
+    assert "Traceback" not in result.stderr + result.stdout and not (tmp_path / "out").exists()
+    assert seconds < SECONDS and rss_mb < RSS_MB, (seconds, rss_mb)
+
+
+def test_a_50_mb_line_of_hash_ids_is_refused_before_it_is_parsed(tmp_path):
+    """input_length 2^32 + 7 with all of its 8,388,609 ids: a 58 MB line (it peaked at ~470-620 MB being
+    parsed whole, and the length wrapped to 7 tokens). Now the line is read only as far as the most ids a
+    request may hold (limits.max_prompt_tokens / 512 = 1,954), for validate and run alike."""
+    trace = tmp_path / "trace.jsonl"
+    blocks = -(-(2**32 + 7) // 512)
+    with trace.open("wb") as file:
+        file.write(b'{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [0]}\n')
+        file.write(b'{"timestamp": 5, "input_length": %d, "output_length": 1, "hash_ids": [' % (2**32 + 7))
+        file.write(b"12345, " * (blocks - 1) + b"12345]}\n")
+    assert trace.stat().st_size > 50_000_000
+    path = tmp_path / "scenario.yaml"
+    path.write_text(MINIMAL.replace("    duration: 1\n", "").replace(
+        "arrival: {type: constant, rate: 5}", f"arrival: {{type: trace, format: mooncake, file: {trace}}}"))
+    for command in ("validate", "run"):
+        out = ("--quiet", "--out", str(tmp_path / "out")) if command == "run" else ()
+        result, seconds, rss_mb = latscope(command, str(path), *out)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert (f"{path}:6: phases[0].arrival.file: trace file {trace}: line 2: the line is over 45,130 bytes, more "
+                "than its hash_ids can take; a request may have at most 1,954 hash_ids") in result.stderr, result.stderr
+        assert seconds < SECONDS and rss_mb < RSS_MB, (seconds, rss_mb)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_5000_digit_integer_in_a_set_value_or_a_gate_file_is_a_line_not_a_traceback(tmp_path):
+    """Python reads at most 4,300 digits into an int (sys.get_int_max_str_digits); PyYAML's int() then raised
+    a bare ValueError. The scenario file is the corpus's seed_5000_digits; --set and gate files parse the same way."""
+    digits = "1234567890" * 500
+    result, _, _ = latscope("validate", str(write(tmp_path, MINIMAL)), "--set", f"seed={digits}")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "--set 'seed=…': the value is an integer of 5,000 digits, more than the 4,300 Python reads" in result.stderr
+    assert digits[:50] not in result.stderr
+    gate = tmp_path / "gate.yaml"
+    gate.write_text(f"slos:\n  - {{stat: p99, limit_ms: 250}}\nmin_capacity_rps: {digits}\n")
+    result, _, _ = latscope("gate", str(tmp_path), "--slo", str(gate))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"{gate}:3: min_capacity_rps: an integer of 5,000 digits, more than the 4,300 Python reads" in result.stderr
 
 
 # ---- the limits are the user's to move --------------------------------------------------------------
