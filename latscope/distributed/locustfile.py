@@ -50,6 +50,12 @@ from latscope.distributed.frames import WIRE_VERSION, PeerGone, recv_frame, send
 __all__ = ["LatscopeIdleUser", "LatscopeShape"]  # what `from latscope.distributed.locustfile import *` must give Locust
 
 PINGS = 16  # at the roster: the shortest round trip of these gives each node's clock offset
+# ... and of these, one every SETTLE_EVERY_S for SETTLE_S after it: at the roster every node starts its
+# engines, and on a small machine that burst of CPU delayed all 16 first pings by 25–240 ms (a clock
+# bound of tens of ms); a node's t0 is computed from the best sample when its start goes out (clock.py
+# `freeze`), after its setup, so the pings of the settled machine are there to be the best.
+SETTLE_S = 10.0
+SETTLE_EVERY_S = 0.05
 REPING_S = 5.0  # then a few more every this often, for drift
 REPINGS = 4
 WATCH_S = 0.25  # how often the master looks for missing workers
@@ -226,13 +232,24 @@ class _MasterRelay:
         gevent.spawn(self.watch)
 
     def ping(self, client_id: str) -> None:
-        count, waiting = PINGS, self.pinged.setdefault(client_id, set())
+        """PINGS pings 10 ms apart, then one every SETTLE_EVERY_S until SETTLE_S after the roster, then
+        REPINGS every REPING_S (clock.py keeps the shortest round trip)."""
+        waiting, settle_until = self.pinged.setdefault(client_id, set()), time.monotonic() + SETTLE_S
+
+        def send() -> None:
+            waiting.add(t1 := time.perf_counter_ns())
+            self.runner.send_message("latscope:ping", {"t1": t1}, client_id=client_id)
+
+        for _ in range(PINGS):
+            send()
+            gevent.sleep(0.01)
+        while self.exit_code is None and time.monotonic() < settle_until:
+            send()
+            gevent.sleep(SETTLE_EVERY_S)
         while self.exit_code is None:
-            for _ in range(count):
-                waiting.add(t1 := time.perf_counter_ns())
-                self.runner.send_message("latscope:ping", {"t1": t1}, client_id=client_id)
+            for _ in range(REPINGS):
+                send()
                 gevent.sleep(0.01)
-            count = REPINGS
             gevent.sleep(REPING_S)
 
     def on_pong(self, environment, msg) -> None:  # noqa: ANN001 - runs in Locust's socket reader: stamp first
