@@ -60,6 +60,11 @@ def test_a_real_run_is_judged_by_each_slo(target, tmp_path):
             {"metric": "latency", "stat": "p99", "limit_ms": 5.2}, {"stat": "error_rate", "limit": 0.05},
             {"metric": "latency", "stat": "mean", "limit_ms": 50}, {"metric": "latency", "stat": "max", "limit_ms": 2}]
     result = run_scenario(scenario_from_dict(scenario_dict(url, tmp_path, phases, slos=slos)), workers=1)
+    if result.summary["validity"] != "valid":
+        # The one retry: the box stalled the generator (measured as its lateness, printed here), and a
+        # half-second stall of 50 requests is enough to leave the mean's interval straddling 50 ms.
+        print(f"the box stalled the generator ({result.summary['validity_reasons']}); running again")
+        result = run_scenario(scenario_from_dict(scenario_dict(url, tmp_path / "again", phases, slos=slos)), workers=1)
     judged = slo_intervals(load(result.run_dir, [Slo.model_validate(s) for s in slos]), [Slo.model_validate(s) for s in slos], 0.95)
     verdicts = {j.name + f" {j.limit:g}": j.verdict for j in judged}
     assert verdicts["latency/all p50 200"] == PASS  # 5 ms against 200: even its upper bound is far under
