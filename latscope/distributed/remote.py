@@ -31,7 +31,6 @@ import numpy as np
 from pydantic import BaseModel
 
 from latscope import __version__, results
-from latscope.analysis.verdicts import RANK, node_validity
 from latscope.distributed import validate
 from latscope.distributed.clock import ClockEstimate
 from latscope.distributed.frames import WIRE_VERSION, PeerGone, recv_sized, send_frame
@@ -329,7 +328,8 @@ class RemotePool:
                           node.clock.offset_ns / 1e6))
 
     def describe(self, run_s: float) -> dict:
-        """summary.json generator's `distributed` and `nodes`."""
+        """summary.json generator's `distributed` and `nodes` (each node's `validity` stamp is the
+        summary's to add: run/summary.py judges it by the run's lateness thresholds)."""
         nodes = []
         for n in self.nodes:
             lag = {m: summarize(h).get("p99_ms") for m, h in (("send_lag", n.send_lag), ("loop_lag", n.loop_lag))}
@@ -342,8 +342,6 @@ class RemotePool:
                 "send_lag_p99_ms": lag["send_lag"], "loop_lag_p99_ms": lag["loop_lag"], "cpu_max_pct": n.cpu_max,
                 "frame_bytes": n.frame_bytes,
             })
-            nodes[-1]["validity"] = max((stamp for stamp, _ in node_validity(nodes[-1], self.scenario.validity)),
-                                        key=RANK.__getitem__, default="valid")
         errors = [n["clock"]["max_error_ms"] for n in nodes if n["clock"]]
         return {"distributed": {"engine": "locust", "locust_version": self.locust_version, "wire_version": WIRE_VERSION,
                                 "nodes_expected": self.senders, "nodes": len(nodes), "engines": self.engines,
