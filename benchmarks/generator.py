@@ -2,6 +2,7 @@
 
     python benchmarks/generator.py            # full: ~15-20 min (includes a 10-minute memory run)
     python benchmarks/generator.py --quick    # ~3 min, for a first look or for debugging this script
+    python benchmarks/generator.py --records [--quick]   # only 4. below (~4 min quick)
 
 What is measured, all against one fast local target (nginx answering `200 ok` on 127.0.0.1, or
 latscope's built-in target when nginx is not installed), so that the numbers describe the
@@ -17,6 +18,11 @@ generator and not the server:
    rate it can hold on a schedule. It is the reference the open-loop rate should at least match.
 3. **Memory stays flat.** One long latscope run at 1,000 req/s (10 min; 60 s with --quick), with the
    RSS of the worker process and of this (parent) process sampled every 5 s from /proc.
+
+4. **What the per-request records cost** (requests.parquet, `--records`): the rate search of 1. with
+   `output.requests: off` and with records on (the default), then RECORDS_PAIRS runs at the top rate
+   found without records, alternating off / on: the worker's CPU per request, send-lag p99, and the
+   bytes per request of requests.parquet (plain HTTP GET, compressed as latscope writes it).
 
 Results: a table on stdout, a JSON file under the out dir (default benchmarks/out/, git-ignored),
 and the "generator" section of benchmarks/RESULTS.md, rewritten in place (other sections are kept).
@@ -283,7 +289,8 @@ def running_target() -> Iterator[Target]:
 # ------------------------------------------------------------------------------------------------
 
 
-def constant_rate_scenario(url: str, rate: float, warmup_s: float, measure_s: float, runs_dir: Path) -> dict:
+def constant_rate_scenario(url: str, rate: float, warmup_s: float, measure_s: float, runs_dir: Path,
+                           requests: str = "off") -> dict:
     phases = []
     if warmup_s > 0:
         phases.append({"name": "warmup", "duration": warmup_s, "warmup": True,
@@ -294,15 +301,18 @@ def constant_rate_scenario(url: str, rate: float, warmup_s: float, measure_s: fl
         "seed": 1,
         "target": {"url": url, "method": "GET", "path": "/", "timeout": TARGET_TIMEOUT_S},
         "phases": phases,
-        "output": {"dir": str(runs_dir)},
+        "output": {"dir": str(runs_dir), "requests": requests},  # records: off but in their own comparison (4.)
     }
 
 
 def run_latscope(scenario: dict, run_dir: Path, on_progress: Callable[[Progress], None] | None = None) -> dict:
-    """One latscope run with one worker; returns summary.json and deletes the results directory."""
+    """One latscope run with one worker; returns summary.json and deletes the results directory
+    (summary["requests_parquet_bytes"]: the size of its requests.parquet, when it has one)."""
     try:
         result = run_scenario(scenario_from_dict(scenario), out=run_dir, workers=1, on_progress=on_progress)
         summary = result.summary
+        records = run_dir / "requests.parquet"
+        summary["requests_parquet_bytes"] = records.stat().st_size if records.exists() else None
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     if summary["partial"] and (summary["abort_reason"] or "").startswith("interrupted"):
@@ -330,6 +340,7 @@ class RateResult:
     validity: str
     sustained: bool
     why_not: str  # empty when sustained
+    records_bytes_per_request: float | None = None  # requests.parquet's size / its rows (records on)
 
 
 class CpuMeter:
@@ -373,10 +384,12 @@ def judge(summary: dict) -> str:
     return "; ".join(reasons)
 
 
-def measure_rate(target: Target, rate: float, mode: Mode, runs_dir: Path) -> RateResult:
-    scenario = constant_rate_scenario(target.url, rate, mode.warmup_s, mode.measure_s, runs_dir)
+def measure_rate(target: Target, rate: float, mode: Mode, runs_dir: Path, requests: str = "off") -> RateResult:
+    scenario = constant_rate_scenario(target.url, rate, mode.warmup_s, mode.measure_s, runs_dir, requests)
     meter = CpuMeter(target, measured_from_s=mode.warmup_s)
     summary = run_latscope(scenario, runs_dir / f"rate-{rate:g}", on_progress=meter)
+    records = summary.get("request_records") or {}
+    rows, size = records.get("rows"), summary.get("requests_parquet_bytes")
     worker_cpu, target_cpu = meter.percent()
     why_not = judge(summary)
     return RateResult(
@@ -394,6 +407,7 @@ def measure_rate(target: Target, rate: float, mode: Mode, runs_dir: Path) -> Rat
         validity=summary["validity"],
         sustained=not why_not,
         why_not=why_not,
+        records_bytes_per_request=round(size / rows, 2) if rows and size else None,
     )
 
 
@@ -408,14 +422,15 @@ def next_rate(sustained_max: float | None, failed_min: float | None, last: float
     return float(round((sustained_max + failed_min) / 2, -1))
 
 
-def find_max_rate(target: Target, mode: Mode, runs_dir: Path) -> tuple[float | None, float | None, list[RateResult]]:
+def find_max_rate(target: Target, mode: Mode, runs_dir: Path,
+                  requests: str = "off") -> tuple[float | None, float | None, list[RateResult]]:
     """(highest sustained rate, lowest failed rate, every run) in at most mode.max_rate_runs runs."""
     sustained_max: float | None = None
     failed_min: float | None = None
     tried: list[RateResult] = []
     rate: float | None = START_RATE
     while rate is not None and len(tried) < mode.max_rate_runs:
-        result = measure_rate(target, rate, mode, runs_dir)
+        result = measure_rate(target, rate, mode, runs_dir, requests)
         tried.append(result)
         print_rate_line(result)
         if result.sustained:
@@ -759,6 +774,140 @@ Raw numbers: `{report['json_file']}` (git-ignored; rerun the script to regenerat
 # ------------------------------------------------------------------------------------------------
 
 
+RECORDS_PAIRS = 3  # off / on runs at the top rate
+RECORDS_SECTION_TITLE = "## requests.parquet: cost at the generator's top rate (benchmarks/generator.py --records)"
+RECORDS_ON = {"max_rows": 5_000_000}  # the default output.requests
+
+
+MICRO_REQUESTS = 200_000  # synthetic outcomes recorded per repetition of the in-process measurement
+MICRO_REPEATS = 5
+
+
+def record_cost_us() -> dict:
+    """The records' own CPU per request, in process: IntervalRecorder.record of MICRO_REQUESTS plain
+    HTTP outcomes without and with a RequestLog (its part files written by its thread, counted: CPU
+    time of the whole process, close() included), alternating, MICRO_REPEATS times; the least of each
+    (the repetition least disturbed by whatever else runs on the machine)."""
+    import tempfile
+
+    import numpy as np
+
+    from latscope.intervals import IntervalRecorder
+    from latscope.records import Outcome, Request
+    from latscope.request_log import RequestLog
+
+    t0 = 10**12
+    requests = [Request(i, t0 + i * 40_000, 0, False) for i in range(MICRO_REQUESTS)]
+    outcomes = [Outcome(r.intended_ns + 9_000, r.intended_ns + 60_000 + (i * 7919) % 50_000, status=200, bytes_in=3,
+                        first_byte_ns=r.intended_ns + 50_000, connection=i % 4) for i, r in enumerate(requests)]
+    cost: dict[str, list[float]] = {"off": [], "on": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in range(MICRO_REPEATS):
+            for label in ("off", "on"):
+                recorder = IntervalRecorder(["default"])
+                if label == "on":
+                    recorder.log = RequestLog(f"{tmp}/{k}", 0, t0, ["default"], np.zeros(MICRO_REQUESTS, np.int64),
+                                              ["measure"], [0.0])
+                started = time.process_time()
+                for request, outcome in zip(requests, outcomes):
+                    recorder.record(request, outcome)
+                if recorder.log is not None:
+                    recorder.log.close()
+                cost[label].append((time.process_time() - started) / MICRO_REQUESTS * 1e6)
+    off, on = min(cost["off"]), min(cost["on"])
+    return {"record_us_off": round(off, 3), "record_us_on": round(on, 3), "added_us": round(on - off, 3),
+            "repeats_us": cost}
+
+
+def per_request_cpu_us(r: RateResult) -> float | None:
+    return None if not r.worker_cpu_pct or not r.achieved_rps else round(r.worker_cpu_pct / 100 / r.achieved_rps * 1e6, 1)
+
+
+def run_records_benchmark(mode: Mode, out_dir: Path, rate: float | None = None) -> dict:
+    """4. in the docstring: the top sustained rate with records off and on, then pairs at the off one;
+    with `rate`, no search: the pairs at that rate (on a machine too busy for a rate search to mean
+    anything, the CPU per request still does: a worker at its top rate is CPU-bound, so its top rate
+    scales with 1 / CPU per request, `implied_drop_pct`)."""
+    runs_dir = out_dir / "latscope-runs"
+    facts = machine_facts(PACKAGES)
+    print(f"machine: {machine_line(facts)}", flush=True)
+    searches, pairs = {}, []
+    micro = record_cost_us()
+    print(f"in process: record() {micro['record_us_off']} µs a request, with records {micro['record_us_on']} µs "
+          f"(+{micro['added_us']} µs)", flush=True)
+    with running_target() as target:
+        print(f"target: {target.name} at {target.url}", flush=True)
+        for label, setting in (("off", "off"), ("on", RECORDS_ON)):
+            if rate is not None:
+                searches[label] = {"max_sustained_rps": None, "first_failed_rps": None, "runs": []}
+                continue
+            print(f"rate search, records {label}:", flush=True)
+            best, failed, tried = find_max_rate(target, mode, runs_dir, setting)
+            searches[label] = {"max_sustained_rps": best, "first_failed_rps": failed, "runs": [asdict(r) for r in tried]}
+        top = rate or searches["off"]["max_sustained_rps"] or START_RATE
+        print(f"at {top:g} req/s, alternating records off / on:", flush=True)
+        for _ in range(RECORDS_PAIRS):
+            for label, setting in (("off", "off"), ("on", RECORDS_ON)):
+                r = measure_rate(target, top, mode, runs_dir, setting)
+                print_rate_line(r)
+                pairs.append({"records": label, **asdict(r), "cpu_us_per_request": per_request_cpu_us(r)})
+    shutil.rmtree(runs_dir, ignore_errors=True)
+
+    def mean(label: str, key: str) -> float | None:
+        values = [p[key] for p in pairs if p["records"] == label and p[key] is not None]
+        return round(sum(values) / len(values), 2) if values else None
+
+    off, on = searches["off"]["max_sustained_rps"], searches["on"]["max_sustained_rps"]
+    cpu_off, cpu_on = mean("off", "cpu_us_per_request"), mean("on", "cpu_us_per_request")
+    return {
+        "mode": mode.name, "mode_settings": asdict(mode), "machine": facts, "target": target.name,
+        "finished_at": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "searches": searches, "top_rate": top, "pairs": pairs,
+        "sustained_drop_pct": round(100 * (off - on) / off, 1) if off and on else None,
+        "cpu_us_per_request": {"off": cpu_off, "on": cpu_on},
+        "cpu_cost_pct": round(100 * (cpu_on - cpu_off) / cpu_off, 1) if cpu_off and cpu_on else None,
+        "implied_drop_pct": round(100 * (1 - cpu_off / cpu_on), 1) if cpu_off and cpu_on else None,
+        "send_lag_p99_ms": {"off": mean("off", "send_lag_p99_ms"), "on": mean("on", "send_lag_p99_ms")},
+        "bytes_per_request": mean("on", "records_bytes_per_request"),
+        "micro": micro,
+    }
+
+
+def records_section(report: dict) -> str:
+    mode = report["mode_settings"]
+    rows = [[p["records"], f"{p['rate']:g}", fmt(p["achieved_rps"], 1), fmt(p["send_lag_p99_ms"], 3),
+             fmt(p["worker_cpu_pct"], 1), fmt(p["cpu_us_per_request"], 1), fmt(p["records_bytes_per_request"], 1)]
+            for p in report["pairs"]]
+    s = report["searches"]
+    return f"""{RECORDS_SECTION_TITLE}
+
+`python benchmarks/generator.py --records{' --quick' if report['mode'] == 'quick' else ''}{f" --records-rate {report['top_rate']:g}" if not s['off']['runs'] else ''}` ({report['finished_at']};
+{mode['measure_s']:g} s measured per run after a {mode['warmup_s']:g} s warm-up, one worker, against {report['target']};
+machine: {machine_line(report['machine'])}). Targets (issue 31): ≤ 5 % fewer requests/s sustained, ≤ 40 bytes
+per plain HTTP request.
+
+- Top sustained rate (send-lag p99 ≤ {SEND_LAG_P99_LIMIT_MS:g} ms, ≥ {ACHIEVED_FRACTION:.1%} achieved; ≤ {mode['max_rate_runs']}
+  runs each, ~{PRECISION:.0%} precision): records off **{fmt(s['off']['max_sustained_rps'], 0)}** req/s, on
+  **{fmt(s['on']['max_sustained_rps'], 0)}** req/s ({fmt(report['sustained_drop_pct'], 1)} % fewer; – : not searched,
+  `--records-rate`).
+- At {report['top_rate']:g} req/s, worker CPU per request: off {fmt(report['cpu_us_per_request']['off'], 1)} µs, on
+  {fmt(report['cpu_us_per_request']['on'], 1)} µs ({fmt(report['cpu_cost_pct'], 1)} %); send-lag p99 off
+  {fmt(report['send_lag_p99_ms']['off'], 3)} ms, on {fmt(report['send_lag_p99_ms']['on'], 3)} ms. A worker at its top
+  rate is CPU-bound: that rate with records is {fmt(report['implied_drop_pct'], 1)} % lower (1 − CPU off / CPU on).
+- In process (`record_cost_us`: {MICRO_REQUESTS:,} plain HTTP outcomes through `IntervalRecorder.record`, without and
+  with a RequestLog writing its part files, process CPU time, least of {MICRO_REPEATS} alternating repetitions):
+  {report['micro']['record_us_off']} µs → {report['micro']['record_us_on']} µs a request,
+  **+{report['micro']['added_us']} µs**.
+- requests.parquet: **{fmt(report['bytes_per_request'], 1)} bytes per request** (zstd; integers DELTA_BINARY_PACKED,
+  strings dictionary-encoded).
+
+{markdown_table(["records", "rate", "achieved req/s", "send-lag p99 ms", "worker CPU %", "CPU µs/request",
+                 "bytes/request"], rows)}
+
+JSON: `{report.get('json_file', '')}`.
+"""
+
+
 def run_benchmark(mode: Mode, out_dir: Path) -> dict:
     runs_dir = out_dir / "latscope-runs"
     facts = machine_facts(PACKAGES)
@@ -795,22 +944,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short runs (~3 min) to check the script works")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out", help="where the JSON goes")
     parser.add_argument("--no-results-md", action="store_true", help="do not rewrite benchmarks/RESULTS.md")
+    parser.add_argument("--records", action="store_true", help="only the per-request records' cost (4. above)")
+    parser.add_argument("--records-rate", type=float, help="with --records: no rate search, the pairs at this rate")
     args = parser.parse_args(argv)
     mode = QUICK if args.quick else FULL
     args.out.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM cleans up like Ctrl-C
 
     try:
-        report = run_benchmark(mode, args.out)
+        report = run_records_benchmark(mode, args.out, args.records_rate) if args.records else run_benchmark(mode, args.out)
     except KeyboardInterrupt:
         print("interrupted; the target was stopped, nothing was written", file=sys.stderr)
         return 130
-    json_file = write_report_json(report, args.out, f"generator-{mode.name}")
-    section = results_section(report)
+    json_file = write_report_json(report, args.out, f"generator-{'records-' if args.records else ''}{mode.name}")
+    section = records_section(report) if args.records else results_section(report)
     print()
     print(section)
     if not args.no_results_md:
-        update_results_md(section, SECTION_TITLE)
+        update_results_md(section, RECORDS_SECTION_TITLE if args.records else SECTION_TITLE)
         print(f"wrote {json_file} and the generator section of {RESULTS_MD}")
     return 0
 

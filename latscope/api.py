@@ -42,10 +42,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Capacity", "Results", "find_capacity", "load_scenario", "open_results", "run_scenario"]
 
-# Per-request records: a later change writes them; a directory written before it has none (None).
-REQUESTS_FILE = "requests.parquet"
-
-
 class Results:
     """One results directory of `latscope run`, read-only. Use `open_results` or `run_scenario`."""
 
@@ -132,9 +128,10 @@ class Results:
 
     @cached_property
     def requests(self) -> pd.DataFrame | None:
-        """requests.parquet, the per-request records, where the run wrote them; None otherwise (every
-        run written by this version: the file comes with a later one)."""
-        return optional_table(self.path / REQUESTS_FILE)
+        """requests.parquet, the per-request records (results.schema.REQUEST_COLUMNS: one row per request
+        sent, warm-up flagged); None for a run with `output.requests: off` or written before them.
+        Nullable integer columns with nulls come as float64 (NaN); read the file with pyarrow for exact ints."""
+        return optional_table(self.path / results.REQUESTS)
 
     def report(self, out: str | Path | None = None, cdn: bool = False) -> tuple[Path, Path]:
         """Write the HTML report (default PATH/report.html) and its Markdown summary next to it
@@ -150,6 +147,16 @@ class Results:
         `.outcome` is "pass", "slo_breach", "regression", "inconclusive" or "invalid"; `.checks` say why."""
         base = baseline.path if isinstance(baseline, Results) else baseline
         return evaluate_gate(self.path, base, _gate_file(slo))
+
+    def explain(self, metric: str | None = None, quantile: float = 0.99) -> dict:
+        """Why the tail is what it is, as `latscope explain` (explain.json's document, not written):
+        the requests above `quantile` of `metric` (default ttft for streams, else latency) against
+        the middle half, ranked causes with effect and evidence; `["verdict"]` is "cause",
+        "nothing_stands_out" or "not_enough_data". ResultsError without requests.parquet."""
+        from latscope.analysis.explain import explain
+        from latscope.analysis.explain_data import read_records
+
+        return explain(self._run, read_records(self.path), metric, quantile)
 
 
 class Capacity:

@@ -183,6 +183,7 @@ def run(scenario_file: Path, out: Path | None, overrides: tuple[str, ...], worke
     except (RunError, LatscopeError) as exc:
         _fail(str(exc), EXIT_RUN_ERROR, scenario)
     print_summary(console, result.summary, result.path)
+    _print_run_explanation(console, result.path)
     if (result.path / "report.html").exists():
         console.print(f"report: {result.path / 'report.html'}", highlight=False, soft_wrap=True)
     if run_gate:
@@ -399,6 +400,49 @@ def init(url: str | None, out_file: Path, use_case: str | None, protocol: str | 
     click.echo(f"wrote {out_file}: {starter.protocol} to {starter.url}" + (f", model {starter.model}" if starter.model else ""))
     click.echo(f"next: edit what its first lines say to change, then\n  latscope validate {shlex.quote(str(out_file))}\n"
                f"  latscope run {shlex.quote(str(out_file))}")
+
+
+def _print_run_explanation(console: Console, run_dir: Path) -> None:
+    """The paragraph of the explain.json the run wrote (nothing when it could not write one)."""
+    from latscope.console import print_explanation
+    from latscope.results.reading import read_json
+
+    try:
+        doc = read_json(run_dir / "explain.json")
+    except ResultsError:
+        return
+    if isinstance(doc, dict) and isinstance(doc.get("summary"), str):
+        print_explanation(console, doc, table=False)
+
+
+@main.command()
+@click.argument("results_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--metric", help="The metric whose tail to explain: latency, ttft, service_time, ... (default: ttft "
+              "for streams, else latency).")
+@click.option("--quantile", type=click.FloatRange(0.5, 1, min_open=True, max_open=True), default=0.99,
+              show_default=True, help="The tail is the requests above this quantile of the metric.")
+@click.option("--json", "as_json", is_flag=True, help="Print explain.json's document instead of the paragraph and table.")
+def explain(results_dir: Path, metric: str | None, quantile: float, as_json: bool) -> None:
+    """Why the tail of RESULTS_DIR is what it is: its slowest requests against the middle half,
+    ranked causes with their effect and evidence; writes RESULTS_DIR/explain.json.
+
+    Exit codes: 0 explained (a cause found or nothing standing out), 2 bad input (not a results
+    directory, no or a damaged requests.parquet, an unknown metric)."""
+    from latscope.analysis.explain import explain_run, write_explain
+
+    try:
+        doc = explain_run(_results_dir(results_dir), metric, quantile)
+        write_explain(results_dir, doc)
+    except LatscopeError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    except OSError as exc:  # a results directory that cannot be written
+        _fail(f"cannot write {exc.filename or 'explain.json'}: {exc.strerror or exc}", EXIT_BAD_INPUT)
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    from latscope.console import print_explanation
+
+    print_explanation(Console() if sys.stdout.isatty() else Console(width=120), doc)
 
 
 @main.command()

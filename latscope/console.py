@@ -252,3 +252,27 @@ def machines_lines(generator: dict) -> list[str]:
         out.append(f"  node {n['node']} {n['host']}: {n['engines']} engine(s), {state}, {n['requests']['sent']:,} sent, "
                    f"clock offset {clock.get('offset_ms', float('nan')):.3f} ± {clock.get('bound_ms', float('nan')):.3f} ms")
     return out
+
+
+# -- latscope explain -------------------------------------------------------------------------------
+
+_VERDICT_STYLE = {"cause": "bold yellow", "nothing_stands_out": "bold green", "not_enough_data": "dim"}
+
+
+def print_explanation(console: Console, doc: dict, table: bool = True) -> None:
+    """explain.json in the terminal: its paragraph (what `latscope run` prints at the end) and, with
+    `table`, the ranked causes (`latscope explain`). Every string is printed as text, never markup:
+    a replica id or a class name comes from the target or the scenario."""
+    console.print(Text.assemble(Text("why the tail: ", _VERDICT_STYLE.get(doc.get("verdict"), "bold")),
+                                Text(doc.get("summary", ""))), highlight=False, soft_wrap=not table)
+    if not table or not doc.get("causes"):
+        return
+    causes = Table(title=f"candidate causes ({doc.get('tested', 0)} tested; stands out: effect ≥ "
+                         f"{doc.get('min_effect', 0):g} and p < {doc.get('alpha', 0):g} / tested)", title_justify="left")
+    for column, justify in (("#", "right"), ("kind", "left"), ("cause", "left"), ("effect", "right"),
+                            ("p", "right"), ("", "left"), ("evidence", "left")):
+        causes.add_column(column, justify=justify, overflow="fold")
+    for c in doc["causes"]:
+        causes.add_row(str(c["rank"]), Text(c["kind"]), Text(c["label"]), f"{c['effect']:.2f}", f"{c['p_value']:.2g}",
+                       Text("stands out", "bold yellow") if c["stands_out"] else Text(""), Text(c["evidence"]))
+    console.print(causes)

@@ -57,7 +57,8 @@ from latscope.intervals import IntervalRecorder
 from latscope.plan import Plan, after_idle, build_plan
 from latscope.protocols import Client, make_client
 from latscope.records import IntervalReport, Outcome, Request, WorkerDone, WorkerFailed, WorkerReady
-from latscope.results.schema import CANCELLED, DROPPED, LATE, SENT
+from latscope.request_log import open_log
+from latscope.results.schema import DROPPED, LATE, SENT
 from latscope.scenario import Scenario, scrub, secret_values
 
 LOOP_LAG_PERIOD_NS = 10_000_000  # the lag probe asks to sleep 10 ms; anything beyond is loop lag
@@ -91,6 +92,7 @@ class WorkerSpec:
     workers: int
     scenario: Scenario
     plan: Plan | None = None  # the run's plan when it was built elsewhere (a distributed run's master); None: build it
+    requests_dir: str | None = None  # where its requests.parquet part files go (request_log.py); None: not kept
 
 
 class Engine:
@@ -377,7 +379,7 @@ class Engine:
         try:
             outcome = await self.client.send(request)
         except asyncio.CancelledError:
-            self.measure.count(request.cls, request.warmup, CANCELLED)
+            self.measure.cancelled(request)
             self.settled += 1
             return
         except Exception as exc:  # noqa: BLE001 - a client must not lose a request, whatever went wrong
@@ -570,9 +572,12 @@ async def _worker(spec: WorkerSpec, queue: Any, start_event: Any, t0_value: Any,
         sessions=(scenario, plan) if plan.turns is not None or plan.closed_loop else None,
         blocks=plan.blocks,
     )
+    log = engine.measure.log = open_log(spec.requests_dir, spec.index, t0, scenario, plan)
     settle_gc()
     try:
         not_sent, error_examples = await engine.run()
     finally:
         await client.close()
+        if log is not None:
+            log.close()  # the last part file is written before WorkerDone
     queue.put(WorkerDone(spec.index, not_sent, error_examples, engine.unaccounted))

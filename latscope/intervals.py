@@ -41,7 +41,8 @@ from __future__ import annotations
 
 from latscope.records import IntervalReport, Outcome, Probe, Request
 from latscope.recorder import Recorder
-from latscope.results.schema import (CACHE_REPORTED, CACHED_TOKENS, COMPLETED, COUNTERS, ERROR_INDEX, GOOD,
+from latscope.request_log import NULL, RequestLog
+from latscope.results.schema import (CACHE_REPORTED, CACHED_TOKENS, CANCELLED, COMPLETED, COUNTERS, ERROR_INDEX, GOOD,
                                      GOOD_OUTPUT_TOKENS, MAX_REPLICA_CLASSES, OTHER_REPLICAS, OUTPUT_TOKENS,
                                      OUTPUT_TOKENS_USAGE, PROMPT_TOKENS, REPLICA_METRIC, TURN_CACHED, TURN_COMPLETED,
                                      TURN_COUNTERS, TURN_ERRORS, TURN_PROMPT, TURN_REPORTED, replica_class, turn_class)
@@ -84,6 +85,7 @@ class IntervalRecorder:
         self.first_ok: tuple[int, int] | None = None  # (end ns, latency µs) of this worker's first successful response
         self.probes_new: list[Probe] = []  # outcomes of probe requests, since the last report
         self._replica_classes: dict[str, str] = {}  # replica id -> its class under REPLICA_METRIC
+        self.log: RequestLog | None = None  # the per-request records (request_log.py), when the run keeps them
 
     def _row(self, cls: int, warmup: bool) -> list[int]:
         """This interval's counters of (class, warmup)."""
@@ -102,8 +104,11 @@ class IntervalRecorder:
         record = self.recorder.record
         if request.turn:
             self._record_turn(request, outcome)
-        record("send_lag", name, (outcome.sent_ns - request.intended_ns) // 1000, warm)
+        send_lag_us = (outcome.sent_ns - request.intended_ns) // 1000
+        record("send_lag", name, send_lag_us, warm)
         latency_us = (outcome.end_ns - request.intended_ns) // 1000
+        service_us = encode_us = inclusive_us = decode_us = network_us = NULL
+        tokens = (NULL, NULL, NULL)
         if request.seq in self.probes:
             self.probes_new.append(Probe(request.seq, outcome.end_ns, latency_us, outcome.error, outcome.replica))
         replica = outcome.replica
@@ -118,23 +123,28 @@ class IntervalRecorder:
             if replica is not None:
                 record(REPLICA_METRIC, replica, latency_us, warm)
             service_ns = outcome.end_ns - outcome.sent_ns
-            record("service_time", name, service_ns // 1000, warm)
+            service_us = service_ns // 1000
+            record("service_time", name, service_us, warm)
             if outcome.token_ns or outcome.output_tokens:
-                self._record_tokens(request, outcome, name)
+                tokens = self._record_tokens(request, outcome, name)
             encode_ns = outcome.encode_ns
             if encode_ns:
-                record("encode", name, encode_ns // 1000, warm)
+                encode_us = encode_ns // 1000
+                record("encode", name, encode_us, warm)
                 ahead_ns = min(encode_ns, max(0, request.intended_ns - request.prepared_ns + encode_ns))
-                record("client_inclusive", name, (outcome.end_ns - request.intended_ns + ahead_ns) // 1000, warm)
+                inclusive_us = (outcome.end_ns - request.intended_ns + ahead_ns) // 1000
+                record("client_inclusive", name, inclusive_us, warm)
             if outcome.decode_ns:
-                record("decode", name, outcome.decode_ns // 1000, warm)
+                decode_us = outcome.decode_ns // 1000
+                record("decode", name, decode_us, warm)
             if outcome.server_timing:
                 for part, ms in outcome.server_timing.items():
                     record(self._part_names.get(part) or self._part_metric(part), name, ms * 1000, warm)
                 if not outcome.token_ns:  # a stream's Server-Timing covers only its start
                     server_ms = outcome.server_timing.get("total") or sum(outcome.server_timing.values())
                     rest_ns = service_ns - outcome.decode_ns - int(server_ms * 1e6)
-                    record("network", name, max(0, rest_ns) // 1000, warm)
+                    network_us = max(0, rest_ns) // 1000
+                    record("network", name, network_us, warm)
             limits = self.goodput[request.cls]
             if limits is not None and _is_good(request, outcome, latency_us, limits):
                 row = self._row(request.cls, warm)
@@ -147,6 +157,16 @@ class IntervalRecorder:
                 reason = scrub(outcome.reason, self.secrets)
                 if reason not in examples:
                     examples.append(reason)
+            latency_us = NULL
+        if self.log is not None:
+            self.log.add(request, outcome, (latency_us, service_us, send_lag_us, encode_us, decode_us, network_us,
+                                            inclusive_us), tokens)
+
+    def cancelled(self, request: Request) -> None:
+        """A sent request cancelled at the teardown (in flight when the run was torn down)."""
+        self.count(request.cls, request.warmup, CANCELLED)
+        if self.log is not None:
+            self.log.cancelled(request)
 
     def _part_metric(self, part: str) -> str:
         """The metric of a Server-Timing part, its name scrubbed (once per name)."""
@@ -161,19 +181,26 @@ class IntervalRecorder:
         self._replica_classes[replica] = cls
         return cls
 
-    def _record_tokens(self, request: Request, outcome: Outcome, name: str) -> None:
-        """Streams: TTFT from the intended time, every inter-token gap, TPOT. All: the token counters."""
+    def _record_tokens(self, request: Request, outcome: Outcome, name: str) -> tuple[int, int, int]:
+        """Streams: TTFT from the intended time, every inter-token gap, TPOT. All: the token counters.
+        (ttft, tpot, the worst gap) µs as recorded, NULL where not."""
         record, warm, times = self.recorder.record, request.warmup, outcome.token_ns
         tokens = outcome.output_tokens or len(times or ())
+        ttft_us = tpot_us = worst_us = NULL
         if times:
             first = times[0]
-            record("ttft", name, (first - request.intended_ns) // 1000, warm)
+            ttft_us = (first - request.intended_ns) // 1000
+            record("ttft", name, ttft_us, warm)
             previous = first
             for t in times[1:]:
-                record("itl", name, (t - previous) // 1000, warm)
+                gap_us = (t - previous) // 1000
+                record("itl", name, gap_us, warm)
+                if gap_us > worst_us:
+                    worst_us = gap_us
                 previous = t
             if tokens > 1:
-                record("tpot", name, (outcome.end_ns - first) // 1000 // (tokens - 1), warm)
+                tpot_us = (outcome.end_ns - first) // 1000 // (tokens - 1)
+                record("tpot", name, tpot_us, warm)
         row = self._row(request.cls, warm)
         row[PROMPT_TOKENS] += outcome.prompt_tokens or request.prompt_tokens
         row[OUTPUT_TOKENS] += tokens
@@ -182,6 +209,7 @@ class IntervalRecorder:
         if outcome.cached_tokens >= 0:
             row[CACHED_TOKENS] += outcome.cached_tokens
             row[CACHE_REPORTED] += outcome.prompt_tokens
+        return ttft_us, tpot_us, worst_us
 
     def _record_turn(self, request: Request, outcome: Outcome) -> None:
         """A session turn's outcome, by turn (the module docstring)."""
@@ -214,8 +242,11 @@ class IntervalRecorder:
         self.recorder.record("session_duration", self.class_names[cls], duration_us, warmup)
 
     def record_generator(self, metric: str, value_us: int, warmup: bool) -> None:
-        """A measurement of the generator itself (loop_lag, gc_pause), under class "all"."""
+        """A measurement of the generator itself (loop_lag, gc_pause), under class "all"; one that just
+        ended (the engine records them as they end), so the request log can lay it over requests."""
         self.recorder.record(metric, "all", value_us, warmup)
+        if self.log is not None:
+            self.log.stall(value_us)
 
     def take(self, interval: int, in_flight: int) -> IntervalReport:
         """Everything recorded since the last take, as interval `interval`'s report; starts the next."""
@@ -224,6 +255,8 @@ class IntervalRecorder:
         replicas, self.replicas_new = self.replicas_new, {}
         probes, self.probes_new = self.probes_new, []
         turns, self.turns = self.turns, {}
+        if self.log is not None:
+            self.log.on_interval()
         return IntervalReport(interval, histograms, clamped, counters, in_flight, replicas, probes, self.first_ok,
                               turns=turns)
 

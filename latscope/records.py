@@ -60,6 +60,8 @@ class Outcome:
     server_timing: dict[str, float] | None = None  # Server-Timing durations (ms) by name
     replica: str | None = None  # the replica that answered (X-Replica-Id), when the server says
     cached_tokens: int = -1  # prompt tokens the server took from its prefix cache (usage.prompt_tokens_details); -1: not said
+    first_byte_ns: int = 0  # perf_counter_ns when the response's first bytes arrived (0: unknown)
+    connection: int = -1  # which of the client's connections carried it (-1: unknown)
 
 
 @dataclass(slots=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import subprocess
 import sys
@@ -99,11 +100,12 @@ def stream_target_process(ttft_ms: float, itl_ms: float, tokens: int) -> Iterato
 
 
 @contextmanager
-def target_process(name: str, *args: str) -> Iterator[str]:
-    """`python -m latscope.targets.NAME --port 0 ARGS` as a real process on a free loopback port, once
-    it printed its `ready http://...` line; yields its base URL."""
+def target_process(name: str, *args: str, cores: set[int] | None = None) -> Iterator[str]:
+    """`python -m latscope.targets.NAME --port 0 ARGS` as a real process on a free loopback port (pinned
+    to `cores` when given), once it printed its `ready http://...` line; yields its base URL."""
     proc = subprocess.Popen([sys.executable, "-m", f"latscope.targets.{name}", "--port", "0", *args], cwd=REPO,
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, text=True,
+                            preexec_fn=None if cores is None else lambda: os.sched_setaffinity(0, cores))
     try:
         line = proc.stdout.readline()
         assert line.startswith("ready http://"), line

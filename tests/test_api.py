@@ -21,7 +21,7 @@ from latscope.analysis.gate import OUTCOMES, GateResult
 from latscope.analysis.percentiles import spectrum
 from latscope.analysis.run_data import load_run
 from latscope.errors import ResultsError, ScenarioError
-from latscope.results.schema import ROW_STATS, SCHEDULE_COLUMNS, TELEMETRY_COLUMNS
+from latscope.results.schema import REQUEST_COLUMNS, ROW_STATS, SCHEDULE_COLUMNS, TELEMETRY_COLUMNS
 
 PAGE = REPO / "docs" / "python-api.md"
 OLD_RUN = REPO / "tests" / "data" / "run_f16f211"
@@ -111,7 +111,9 @@ def test_the_files_of_a_run_come_as_frames_and_lists(here):
     assert isinstance(run.schedule, pd.DataFrame) and list(run.schedule.columns) == list(SCHEDULE_COLUMNS)
     assert len(run.schedule) == run.summary["requests"]["scheduled"] + run.summary["warmup_requests"]["scheduled"]
     assert isinstance(run.nodes, pd.DataFrame) and run.nodes.empty
-    assert run.requests is None  # no run writes requests.parquet yet
+    sent = run.summary["requests"]["sent"] + run.summary["warmup_requests"]["sent"]
+    assert isinstance(run.requests, pd.DataFrame) and len(run.requests) == sent  # one row per request sent
+    assert list(run.requests.columns[:len(REQUEST_COLUMNS)]) == list(REQUEST_COLUMNS)
 
 
 def test_report_and_gate_write_and_judge_as_the_commands_do(here):

@@ -21,7 +21,7 @@ MAX_LINES = 600
 # What the measuring side is made of: the results directory's readers never import it (DESIGN.md:
 # each stage reads only what the stage before it wrote; the results directory is the contract).
 MEASURING = ("latscope.engine", "latscope.intervals", "latscope.run", "latscope.protocols", "latscope.plan",
-             "latscope.workload", "latscope.arrivals")
+             "latscope.workload", "latscope.arrivals", "latscope.request_log")
 READERS = ("latscope.analysis", "latscope.report", "latscope.results")
 
 

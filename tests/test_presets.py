@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import queue
 import re
+import shutil
 import subprocess
 import threading
 import time
@@ -135,8 +136,14 @@ def test_preset_works_with_latscope_capacity(name, servers, tmp_path):
     url = servers(scenario.target.launch.command)
     warmup = next(i for i, p in enumerate(scenario.phases) if p.warmup)
     sets = [f"target.url={url}", "target.launch=null", f"phases.{warmup}.duration=1s", "output.report=false"]
-    cap = find_capacity(load_scenario(_path(name), sets), tmp_path / "c", CapacityOptions(max_steps=1, step_duration_s=2, workers=1))
+    options = CapacityOptions(max_steps=1, step_duration_s=2, workers=1)
+    cap = find_capacity(load_scenario(_path(name), sets), tmp_path / "c", options)
     step = cap["steps"][0]
+    if step["verdict"] == "invalid":  # the box stalled latscope itself (its own lateness, printed): once more
+        print(f"{step['note']}: run again")
+        shutil.rmtree(tmp_path / "c")
+        cap = find_capacity(load_scenario(_path(name), sets), tmp_path / "c", options)
+        step = cap["steps"][0]
     assert step["rate_rps"] == pytest.approx(cap["base_rate_rps"]) and step["requests"]["errors"] == 0
     assert [s["name"] for s in step["slos"]] == [s["name"] for s in cap["slos"]] and len(cap["slos"]) == len(scenario.slos)
     assert all(s["verdict"] in ("pass", "fail", "undecided") and s["value"] is not None for s in step["slos"]), step["slos"]

@@ -8,6 +8,9 @@ Three kinds of check, and the order in which they decide the outcome:
 2. **slo** — absolute limits (scenario `slos` or the gate file's): a breach is outcome `slo_breach`.
 3. **regression** — each gated percentile against the baseline; a regression is outcome
    `regression`; a check that cannot decide makes the outcome `inconclusive` (exit 4).
+4. **tail_cause** — only with the gate file's `fail_on_generator_tail`: when `latscope explain`'s
+   top cause of the tail is the load generator itself, the tail is latscope's, not the target's:
+   outcome `invalid` (exit 4), with the generator's evidence in the message.
 
 Regression decision rule (per check, percentile p, tolerance τ, minimum effect δ < τ)
 -------------------------------------------------------------------------------------
@@ -54,6 +57,7 @@ from pydantic import ValidationError
 
 from latscope import results
 from latscope.analysis import run_data
+from latscope.analysis.explain import explanation, generator_caused
 from latscope.analysis.quantile_ci import QuantileCI, RatioCI, quantile_ci, ratio_ci
 from latscope.analysis.verdicts import NO_SUCCESS, slo_verdicts
 from latscope.errors import ResultsError
@@ -65,6 +69,7 @@ MIN_TAIL = 10  # values expected beyond a percentile, n·(1 − p), for it to be
 WIDE_FACTOR = 2.0  # default: inconclusive when the ratio's upper bound exceeds 1 + WIDE_FACTOR·τ (gate file: inconclusive_factor)
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+TAIL_CAUSE = "tail_cause"  # the check kind of the gate file's fail_on_generator_tail
 OUTCOMES = ("pass", "slo_breach", "regression", "inconclusive", "invalid")
 
 
@@ -248,8 +253,11 @@ def _ci_dict(q: QuantileCI) -> dict:
 
 
 def outcome(checks: list[Check]) -> str:
-    """invalid (a run is not a measurement) > slo_breach > regression > inconclusive > pass."""
+    """invalid (a run is not a measurement, or the generator made its tail) > slo_breach > regression >
+    inconclusive > pass."""
     if any(c.kind == "validity" and c.status != PASS for c in checks):
+        return "invalid"
+    if any(c.kind == TAIL_CAUSE and c.status == FAIL for c in checks):
         return "invalid"
     if any(c.kind == "slo" and c.status == FAIL for c in checks):
         return "slo_breach"
@@ -272,9 +280,37 @@ def evaluate(new: GateRun, base: GateRun | None, gate_file: GateFile) -> GateRes
     return GateResult(checks, outcome(checks))
 
 
+def tail_cause_check(run_dir: str | Path) -> Check:
+    """The gate file's `fail_on_generator_tail`: fail when explain's top cause of the tail is the load
+    generator (analysis/explain.py; explain.json when the run wrote one, else computed now)."""
+    name = "tail cause"
+    try:
+        doc = explanation(run_data.load_run(run_dir))
+    except ResultsError as exc:
+        return Check(TAIL_CAUSE, name, INCONCLUSIVE, f"cannot tell what made the tail: {exc}")
+    if doc is None:
+        return Check(TAIL_CAUSE, name, INCONCLUSIVE, "cannot tell what made the tail: the run kept no requests.parquet "
+                     "(fail_on_generator_tail needs `output.requests` on)")
+    details = {"verdict": doc.get("verdict"), "metric": doc.get("metric"), "quantile": doc.get("quantile")}
+    cause = generator_caused(doc)
+    if cause is not None:
+        return Check(TAIL_CAUSE, name, FAIL, f"the load generator made this tail, not the target: {cause['evidence']} "
+                     f"(effect {cause['effect']:.2f}); give latscope more CPU or fewer requests per worker and run again",
+                     {**details, "cause": cause["name"], "effect": cause["effect"]})
+    if doc.get("verdict") == "not_enough_data":
+        return Check(TAIL_CAUSE, name, PASS, f"too few requests to tell what made the tail ({doc.get('reason')})", details)
+    top = next((c for c in doc.get("causes", []) if c.get("stands_out")), None)
+    said = f"its top cause is {top['label']}" if top else "nothing in it stands out"
+    return Check(TAIL_CAUSE, name, PASS, f"the load generator did not make the tail: {said}", details)
+
+
 def gate(results_dir: str | Path, baseline_dir: str | Path | None, gate_file: GateFile) -> GateResult:
     """Load the run (and the baseline) and evaluate the gate."""
     metrics = {c.metric for c in gate_file.regression.checks} if baseline_dir is not None else set()
     new = gate_run(results_dir, metrics)
     base = gate_run(baseline_dir, metrics) if baseline_dir is not None else None
-    return evaluate(new, base, gate_file)
+    result = evaluate(new, base, gate_file)
+    if gate_file.fail_on_generator_tail:
+        result.checks.append(tail_cause_check(new.path))
+        result.outcome = outcome(result.checks)
+    return result

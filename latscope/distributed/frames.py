@@ -14,7 +14,7 @@ import struct
 
 import msgpack
 
-WIRE_VERSION = 1  # bumped whenever a frame changes meaning: a node of another wire version is refused
+WIRE_VERSION = 2  # bumped whenever a frame changes meaning: a node of another wire version is refused
 MAX_FRAME = 1 << 30  # a frame's declared length above this is a broken peer, not a plan
 _LENGTH = struct.Struct(">I")
 

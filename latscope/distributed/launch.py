@@ -72,10 +72,10 @@ def remote_pool(relay_fd: int, scenario_file: Path, overrides: tuple[str, ...], 
     """run_scenario's make_pool for the coordinator: its senders are the machines behind the relay."""
     from latscope.distributed.remote import RemotePool
 
-    def make(scenario, plan, events):  # noqa: ANN001, ANN202
+    def make(scenario, plan, events, requests_dir):  # noqa: ANN001, ANN202 - requests_dir: the run's .requests/ (None: off)
         sock = socket.socket(fileno=relay_fd)
         sock.setblocking(True)  # the relay's end is gevent's, non-blocking: the flag is shared
-        return RemotePool(sock, scenario_file, overrides, scenario, plan, events,
-                          expect=expect, on_node_loss=on_node_loss, master_timeout_s=master_timeout_s)
+        return RemotePool(sock, scenario_file, overrides, scenario, plan, events, expect=expect, on_node_loss=on_node_loss,
+                          master_timeout_s=master_timeout_s, requests_dir=None if requests_dir is None else Path(requests_dir))
 
     return make

@@ -9,7 +9,8 @@ engines it runs, and which, the coordinator's setup says (from the worker's hell
               engines first … first + P − 1 of the run's G, sending from the master's plan) -> ready
     start  -> t0 (on this machine's clock) to the engines -> started
     engines' reports, interval by interval -> merged (wire.merge_reports) -> one `interval` frame
-    every engine done -> done; exit
+    every engine done -> its records shipped (the engines' requests.parquet part files, written to a
+              temporary directory of its own, sent in chunks: `ship_records`) -> done; exit
 
 It stops its engines — the run cannot be recorded any more — when its relay goes (the socket
 closes: the Locust worker was killed) or goes quiet for `master_timeout_s` (the relay forwards
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import queue
+import shutil
 import socket
 import sys
 import tempfile
@@ -32,15 +34,19 @@ from pathlib import Path
 import psutil
 
 from latscope.distributed.frames import PeerGone, recv_frame, send_frame
-from latscope.distributed.wire import CHUNK, decode_plan, encode_report, file_sha256, merge_reports
+from latscope.distributed.validate import PART_NAME
+from latscope.distributed.wire import CHUNK, RECORDS_WINDOW, decode_plan, encode_report, file_sha256, merge_reports
 from latscope.errors import ScenarioError
 from latscope.records import IntervalReport, WorkerDone, WorkerFailed, WorkerReady
+from latscope.request_log import sample_fraction
+from latscope.results.requests import part_files
 from latscope.run.pool import LocalPool
 from latscope.scenario import load_scenario, scrub, secret_values
 
 WINDOW = 8  # chunks asked for before the first arrives: ZeroMQ drops silently past its queue limit
 REASK_S = 5.0  # a chunk asked for and not come in this long is asked for again
 LATE_START_MS = 10.0  # a start that arrives later than this after its t0 is refused (the engines would burst)
+RECORDS_WAIT_S = 10.0  # records chunks unanswered this long: the coordinator is not taking them, the rest stay here
 POLL_S = 0.05
 
 
@@ -63,6 +69,7 @@ class Node:
         self.timeout_s = 3600.0  # until setup says otherwise: a worker may wait long for its master
         self.pool: LocalPool | None = None
         self.secrets: list[str] = []
+        self.records_dir: Path | None = None  # where its engines write their part files (removed at the end)
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -101,7 +108,10 @@ class Node:
         scenario.use_files(Path.cwd(), files)
         self.secrets = secret_values(scenario)
         plan = decode_plan(frame["plan"])
-        self.pool = LocalPool(scenario, frame["engines"], first=frame["first"], of=frame["of"], plan=plan)
+        if sample_fraction(scenario, plan) > 0:
+            self.records_dir = Path(tempfile.mkdtemp(prefix="latscope-records-"))
+        self.pool = LocalPool(scenario, frame["engines"], first=frame["first"], of=frame["of"], plan=plan,
+                              requests_dir=None if self.records_dir is None else str(self.records_dir))
         self.pool.start()
 
     def fetch(self, manifest: dict[str, list]) -> dict[str, Path]:
@@ -169,6 +179,8 @@ class Node:
         finally:
             if self.pool is not None:
                 self.pool.close(hurry=True)
+            if self.records_dir is not None:
+                shutil.rmtree(self.records_dir, ignore_errors=True)
 
     def wait_ready(self) -> None:
         ready = set()
@@ -211,9 +223,38 @@ class Node:
         for d in done.values():
             for kind, messages in d.error_examples.items():
                 examples.setdefault(kind, []).extend(m for m in messages if m not in examples.get(kind, []))
+        records = self.ship_records()
         self.send({"t": "done", "not_sent": sum(d.not_sent for d in done.values()), "error_examples": examples,
-                   "unaccounted": sum(d.unaccounted for d in done.values())})
+                   "unaccounted": sum(d.unaccounted for d in done.values()), "records": records})
         return 0
+
+    def ship_records(self) -> dict:
+        """The engines' part files (whole ones: each is written under a temporary name, then renamed)
+        to the coordinator, CHUNK bytes a `records` frame, with at most RECORDS_WINDOW × CHUNK bytes
+        unanswered (its `records_ok` says what it has); {files, bytes}: what there was to send, for
+        the coordinator to tell whether it got all. A coordinator that answers nothing for
+        RECORDS_WAIT_S gets no more (its summary then says this node's records are not complete)."""
+        found = [p for p in part_files(self.records_dir) if PART_NAME.fullmatch(p.name)] if self.records_dir else []
+        parts = [(p, size) for p in found if (size := p.stat().st_size) > 0]  # a parquet file is never empty
+        had = {"files": len(parts), "bytes": sum(size for _, size in parts)}
+        sent = answered = 0
+        heard = time.monotonic()
+        for path, size in parts:
+            with open(path, "rb") as f:
+                for offset in range(0, size, CHUNK):
+                    while sent - answered + min(CHUNK, size - offset) > RECORDS_WINDOW * CHUNK:
+                        frame = self.next_frame(POLL_S)
+                        if frame is not None and frame["t"] == "records_ok":
+                            answered, heard = max(answered, frame["bytes"]), time.monotonic()
+                        elif time.monotonic() - heard > RECORDS_WAIT_S:
+                            print(f"latscope node: the coordinator took {answered:,} bytes of {had['bytes']:,} of records "
+                                  f"and answered nothing for {RECORDS_WAIT_S:g} s: the rest stay here", file=sys.stderr,
+                                  flush=True)
+                            return had
+                    data = f.read(CHUNK)
+                    self.send({"t": "records", "name": path.name, "offset": offset, "size": size, "data": data})
+                    sent += len(data)
+        return had
 
     def _control(self, frame: dict | None) -> None:
         if frame is None:

@@ -12,13 +12,19 @@ worker processes stood. Through the relay (frames: wire.py) it
   plan as built here (numpy's streams are not promised equal across machines) and the files it needs;
 - measures each node's clock from the relay's pings (clock.py) and gives it t0 on its own clock;
 - turns each node's interval frame into an IntervalReport on this machine's clock (sender = node i),
-  keeps each node's health per interval (nodes.parquet) and reports a node Locust lost.
+  keeps each node's health per interval (nodes.parquet) and reports a node Locust lost;
+- writes each node's per-request records (its engines' part files, shipped once they are done) into
+  the run's `.requests/` as they come, whole files only, for the run's merge into requests.parquet
+  (`node_of_worker` names the node of each engine); a node lost before or while it shipped them
+  keeps the files that came whole, and its summary entry says its records are not complete.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import math
+import os
 import queue
 import socket
 import threading
@@ -70,7 +76,13 @@ class NodeState:
     reason: str | None = None
     late_ms: float | None = None
     cpu_max: float | None = None
-    frame_bytes: int = 0  # what it sent the coordinator, as framed (Locust's envelope adds ~60 B a message)
+    frame_bytes: int = 0  # what it sent the coordinator, as framed, but its records (Locust's envelope adds ~60 B a message)
+    records_received: int = 0  # bytes of its records chunks received (the part under way too)
+    records_files: int = 0  # its part files received whole, and their bytes
+    records_bytes: int = 0
+    records_part: tuple[str, int, int] | None = None  # the part file under way: name, size, bytes so far
+    records_had: dict | None = None  # what its `done` said it had: {files, bytes}
+    records_error: str | None = None  # this machine could not write them
     totals: np.ndarray = field(default_factory=lambda: np.zeros(3, np.int64))  # sent, completed, errors
     send_lag: object = field(default_factory=new_histogram)
     loop_lag: object = field(default_factory=new_histogram)
@@ -81,8 +93,10 @@ class RemotePool:
     ready_timeout_s = math.inf  # the machines are waited for by Locust (--workers-wait) and their setup
 
     def __init__(self, sock: socket.socket, scenario_file: Path, overrides: tuple[str, ...], scenario: Scenario,
-                 plan: Plan, events: results.EventLog, *, expect: int, on_node_loss: str, master_timeout_s: float):
+                 plan: Plan, events: results.EventLog, *, expect: int, on_node_loss: str, master_timeout_s: float,
+                 requests_dir: Path | None = None):
         self.sock, self.scenario, self.plan, self.events = sock, scenario, plan, events
+        self.requests_dir = requests_dir  # where the nodes' records go (the run's `.requests/`); None: dropped
         self.source = scenario_file.read_text()
         self.scenario_name = scenario_file.name
         # and the run's prompt salt (drawn once for the run: workload.with_run_salt), so every machine builds its prompts
@@ -149,7 +163,18 @@ class RemotePool:
                 self._down(node, {"t": "stop"})
 
     def close(self, hurry: bool) -> None:
+        """Stop the nodes; a part file still under way (a node lost, or stopped waiting for) is removed:
+        only whole files are merged."""
         self.stop()
+        for node in self.nodes:
+            if node.records_part is not None and self.requests_dir is not None:
+                (self.requests_dir / f".{node.records_part[0]}.part").unlink(missing_ok=True)
+                node.records_part = None
+
+    def node_of_worker(self) -> dict[int, str]:
+        """The node of each engine, as requests.parquet's `node` column names it: "<node>:<host>"
+        (a host may run two nodes)."""
+        return {g: f"{n.index}:{n.host}" for n in self.nodes for g in range(n.first, n.first + n.engines)}
 
     def pids(self) -> dict[str, int]:
         return {}
@@ -193,7 +218,8 @@ class RemotePool:
             self.events.emit("node_lost", node=node.index, host=node.host, reason=frame["why"])
             self._lost.append((node.index, node.reason))
         elif kind == "up" and (node := self.by_client.get(frame["n"])):
-            node.frame_bytes += frame["bytes"]
+            if not (isinstance(frame["f"], dict) and frame["f"].get("t") == "records"):
+                node.frame_bytes += frame["bytes"]
             if node.status == "ok":  # a lost node that comes back (Locust lets a missing worker heal) is not heard
                 try:
                     return self._from_node(node, validate.frame(frame["f"], self.limits))
@@ -264,8 +290,10 @@ class RemotePool:
         elif kind == "started":
             node.late_ms = f["late_ms"]
             self.events.emit("node_started", node=node.index, late_ms=f["late_ms"])
+        elif kind == "records":
+            self._take_records(node, f)
         elif kind == "done":
-            node.done = True
+            node.done, node.records_had = True, f["records"]
             return WorkerDone(node.index, f["not_sent"], f["error_examples"], f["unaccounted"])
         elif kind == "failed":
             node.status, node.reason = "failed", f"node {node.index} ({node.host}) failed"
@@ -305,6 +333,35 @@ class RemotePool:
             f.seek(offset)
             self._down(node, {"t": "chunk", "sha": digest, "offset": offset, "data": f.read(CHUNK)})
 
+    def _take_records(self, node: NodeState, c: dict) -> None:
+        """A chunk of one of the node's part files (validate.records_chunk: its own engine's, in order,
+        within its budget), written where it goes under a dot-name until the file is whole, then
+        renamed; answered with the node's total so far (records_ok: the node's window moves on)."""
+        validate.records_chunk(c, range(node.first, node.first + node.engines), node.records_part, node.records_received,
+                               int(node.totals[0]))
+        name, data = c["name"], c["data"]
+        node.records_received += len(data)
+        end = c["offset"] + len(data)
+        node.records_part = None if end == c["size"] else (name, c["size"], end)
+        if self.requests_dir is not None and node.records_error is None:
+            final, temp = self.requests_dir / name, self.requests_dir / f".{name}.part"
+            if c["offset"] == 0 and final.exists():
+                raise InvalidMessage(f"its records chunk of {name}: a second part file of that name")
+            try:
+                self.requests_dir.mkdir(exist_ok=True)
+                with open(temp, "r+b" if c["offset"] else "wb") as f:
+                    f.seek(c["offset"])
+                    f.write(data)
+                if end == c["size"]:
+                    os.replace(temp, final)
+                    node.records_files += 1
+                    node.records_bytes += c["size"]
+            except OSError as exc:  # this machine's disk, not the node's doing: the rest of its records are lost
+                node.records_error = f"{type(exc).__name__}: {exc}"
+                with contextlib.suppress(OSError):
+                    temp.unlink(missing_ok=True)
+        self._down(node, {"t": "records_ok", "bytes": node.records_received})
+
     # -- each node's health ---------------------------------------------------------------------
 
     def _note_health(self, node: NodeState, report: IntervalReport, cpu: float | None) -> None:
@@ -341,6 +398,9 @@ class RemotePool:
                 "requests": dict(zip(("sent", "completed", "errors"), map(int, n.totals))),
                 "send_lag_p99_ms": lag["send_lag"], "loop_lag_p99_ms": lag["loop_lag"], "cpu_max_pct": n.cpu_max,
                 "frame_bytes": n.frame_bytes,
+                "records": {"files": n.records_files, "bytes": n.records_bytes, "error": n.records_error,
+                            "complete": n.records_error is None
+                            and n.records_had == {"files": n.records_files, "bytes": n.records_bytes}},
             })
         errors = [n["clock"]["max_error_ms"] for n in nodes if n["clock"]]
         return {"distributed": {"engine": "locust", "locust_version": self.locust_version, "wire_version": WIRE_VERSION,

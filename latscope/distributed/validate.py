@@ -10,8 +10,8 @@ payload's inflated size — and one that fails raises InvalidMessage, whose text
   1 … MAX_ENGINES;
 - the coordinator (remote.py) checks each clock answer (`pong`) and each frame (`frame`; an
   interval's report body with `report_body` and `sparse`, from wire.decode_report, after `inflate`
-  has bounded it) and drops the node (`node_failed`), which ends the run partial, naming the node
-  and the reason.
+  has bounded it; a records chunk's place in its node's stream with `records_chunk`) and drops the
+  node (`node_failed`), which ends the run partial, naming the node and the reason.
 
 Strings a node supplies (its host name, its errors, its Locust client id) go through `printable`
 before they reach a console, a summary or a report: an escape sequence in a host name is shown, not
@@ -37,6 +37,15 @@ MAX_HISTOGRAMS = 65_536  # histograms in one interval report (metrics × classes
 MAX_EXAMPLES = 5 * MAX_ENGINES  # error messages of one kind in a node's `done` (intervals.py keeps 5 per engine)
 KEPT_EXAMPLES = 20  # of which the first are kept (the summary shows a few)
 INT63 = 1 << 63  # every integer fits an int64: numpy and parquet take it as it is
+# A node's records (requests.parquet's part files, shipped after its engines are done) may take at most
+# RECORDS_BASE_BYTES + RECORDS_ROW_BYTES × the requests it reported sending: a row is ~40 B compressed,
+# its uncompressed worst (every column, long class and replica names, many Server-Timing parts) under
+# 4 KiB, and each part file's header and footer a few KB. Bounds the master's disk, not its memory
+# (a chunk at a time is written as it comes).
+RECORDS_ROW_BYTES = 4096
+RECORDS_BASE_BYTES = 64 << 20
+MAX_PART_FILES = 1 << 20  # part files one node may claim in its `done`
+PART_NAME = re.compile(r"w(\d{3,7})-(\d{6,9})\.parquet")  # an engine's part file: w<engine:03d>-<batch:06d>.parquet
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 _CONTROL_BUT_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
@@ -151,7 +160,8 @@ class Limits:
 
 
 FIELDS = {"ready": (), "fetch": ("sha", "offset"), "started": ("late_ms",), "interval": ("k", "blob", "cpu"),
-          "done": ("not_sent", "error_examples", "unaccounted"), "failed": ("error",)}  # what each frame holds
+          "records": ("name", "offset", "size", "data"),
+          "done": ("not_sent", "error_examples", "unaccounted", "records"), "failed": ("error",)}  # what each frame holds
 KINDS = tuple(FIELDS)
 
 
@@ -192,15 +202,51 @@ def frame(f: object, limits: Limits) -> dict:
             name = printable(_str(k, f"{what} error kind", 40))
             messages = [_str(m, f"{what} example of {name}", MAX_TEXT) for m in _list(v, f"{what} {name}", MAX_EXAMPLES)]
             kept[name] = [printable(m, 1000) for m in messages[:KEPT_EXAMPLES]]
+        records = _mapping(f.get("records"), f"{what} records")
         return {"t": kind, "not_sent": _int(f.get("not_sent"), f"{what} not_sent", 0, limits.requests),
                 "unaccounted": _int(f.get("unaccounted"), f"{what} unaccounted", 0, limits.requests),
-                "error_examples": kept}
+                "error_examples": kept,
+                "records": {"files": _int(records.get("files"), f"{what} records' files", 0, MAX_PART_FILES),
+                            "bytes": _int(records.get("bytes"), f"{what} records' bytes")}}
+    if kind == "records":
+        name = _str(f.get("name"), f"{what} name", 40)
+        if not (m := PART_NAME.fullmatch(name)) or name != f"w{int(m.group(1)):03d}-{int(m.group(2)):06d}.parquet":
+            raise InvalidMessage(f"{what} name {_shown(name)} is not a part file's (w<engine>-<batch>.parquet)")
+        data = f.get("data")
+        if not isinstance(data, bytes) or not 1 <= len(data) <= limits.chunk:
+            size = f"{len(data):,} bytes" if isinstance(data, bytes) else _shown(data)
+            raise InvalidMessage(f"{what} data is {size}, not a chunk of 1 to {limits.chunk:,} bytes")
+        size = _int(f.get("size"), f"{what} size", 1)
+        offset = _int(f.get("offset"), f"{what} offset", 0, size - len(data))
+        return {"t": kind, "name": name, "engine": int(m.group(1)), "offset": offset, "size": size, "data": data}
     if kind == "failed":
         error = f.get("error")
         if not isinstance(error, str):
             raise InvalidMessage(f"{what} error is {_shown(error)}, not a string")
         return {"t": kind, "error": printable(error, MAX_TEXT, lines=True)}
     return {"t": kind}
+
+
+def records_budget(sent: int) -> int:
+    """Bytes of part files a node that reported sending `sent` requests may ship (RECORDS_ROW_BYTES)."""
+    return RECORDS_BASE_BYTES + RECORDS_ROW_BYTES * sent
+
+
+def records_chunk(c: dict, engines: range, open_part: tuple[str, int, int] | None, received: int, sent: int) -> None:
+    """A records chunk (`frame`'s checked map) in its place: a part file of one of the node's own
+    `engines` (so no two nodes' names collide), its chunks in order, one file at a time (`open_part`:
+    the name, size and bytes so far of the file under way, None between files), the node's total
+    (`received` before it) within records_budget(`sent`)."""
+    what = f"its records chunk of {c['name']}"
+    if c["engine"] not in engines:
+        raise InvalidMessage(f"{what} is engine {c['engine']}'s, not one of its engines {engines.start}…{engines.stop - 1}")
+    if open_part is None and c["offset"] != 0:
+        raise InvalidMessage(f"{what} starts at byte {c['offset']:,}, not 0")
+    if open_part is not None and (c["name"], c["size"], c["offset"]) != open_part:
+        raise InvalidMessage(f"{what} (byte {c['offset']:,} of {c['size']:,}) is not the next of "
+                             f"{open_part[0]} (byte {open_part[2]:,} of {open_part[1]:,})")
+    if received + c["size"] - c["offset"] > (budget := records_budget(sent)):
+        raise InvalidMessage(f"its records would take more than {budget:,} bytes ({sent:,} requests sent)")
 
 
 def inflate(blob: bytes, limit: int = MAX_INFLATED) -> bytes:

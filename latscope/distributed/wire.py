@@ -6,8 +6,11 @@ Frames between the coordinator and a node (frames.py carries them; → to the no
     ← fetch {sha, offset}        → chunk {sha, offset, data}           (a file the node lacks, CHUNK at a time)
     ← ready {}                   → start {t0}                          (t0 on the node's own clock)
     ← started {late_ms}          ← interval {k, blob, cpu}             (blob: encode_report)
-    → stop {}                    ← done {not_sent, error_examples, unaccounted}
-    ← failed {error}             → alive {}                            (from the worker's relay)
+    → stop {}                    ← failed {error}                      → alive {} (from the worker's relay)
+    ← records {name, offset, size, data}   → records_ok {bytes}
+          (its engines' requests.parquet part files once they are done, CHUNK at a time; bytes: all
+          received from it so far; at most RECORDS_WINDOW × CHUNK bytes unanswered)
+    ← done {not_sent, error_examples, unaccounted, records}   (records: {files, bytes}, the part files it had)
 
 Histograms travel losslessly: a report's sparse HDR counters (recorder.Sparse) as delta-coded
 indices and counts in the narrowest unsigned type that holds them, msgpack, zlib level 1. No pickle
@@ -34,7 +37,12 @@ from latscope.recorder import new_histogram
 from latscope.results.schema import COUNTERS, TURN_COUNTERS
 from latscope.sessions import Turns
 
-CHUNK = 1 << 20  # a file travels (and is hashed) this many bytes at a time
+CHUNK = 1 << 20  # a file travels (and is hashed) this many bytes at a time, either way
+# A node's records in flight, unanswered by records_ok, at most this many CHUNKs: what Locust's queues
+# hold of them, so a heartbeat waits behind at most 4 MiB (ZeroMQ bounds messages, not bytes: without it
+# a node's whole records would queue ahead of its heartbeats, and on a slow link the master would
+# think it lost)
+RECORDS_WINDOW = 4
 
 
 def file_sha256(path: Path) -> str:

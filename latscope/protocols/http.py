@@ -110,6 +110,8 @@ class Response:
     body_len: int
     body: bytes | None  # the body, when asked for (keep_body)
     headers: dict[str, str]  # the headers of WANTED_HEADERS that came, by lower-case name
+    first_ns: int = 0  # perf_counter_ns when the response's first bytes were read (the status line)
+    connection: int = -1  # which connection of the pool carried it (numbered as opened)
 
 
 def too_large(limit: int) -> str:
@@ -140,6 +142,7 @@ class _Connection(asyncio.Protocol):
         self.waiter: asyncio.Future | None = None
         self.read_ns = 0  # when the data being parsed was read: streamed pieces are stamped with it
         self.deadline_ns = 0  # when the request in flight times out (HttpPool._sweep)
+        self.id = -1  # its number in the pool, in the order connections were opened
         self._reset(False, False, None)
 
     def _reset(self, head: bool, keep_body: bool, sink: BodySink | None) -> None:
@@ -147,6 +150,7 @@ class _Connection(asyncio.Protocol):
         self.pieces: list[bytes] | None = [] if keep_body else None
         self.body_len, self.reason, self.end_ns, self.keep_alive = 0, "", 0, False
         self.received = 0  # bytes read of this response (whatever the parser makes of them)
+        self.first_ns = 0  # when its first bytes were read
         self.headers: dict[str, str] = {}
 
     # asyncio callbacks
@@ -155,6 +159,8 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.read_ns = time.perf_counter_ns()
+        if not self.received:
+            self.first_ns = self.read_ns
         self.received += len(data)
         if self.received > self.limit:  # an endless or enormous response: nothing more is read or kept
             self._fail(Failure("protocol", f"{too_large(self.limit)}: cut, connection dropped"))
@@ -218,7 +224,7 @@ class _Connection(asyncio.Protocol):
 
     def response(self, status: int) -> Response:
         body = b"".join(self.pieces) if self.pieces is not None else None
-        return Response(status, self.reason, self.end_ns, self.body_len, body, self.headers)
+        return Response(status, self.reason, self.end_ns, self.body_len, body, self.headers, self.first_ns, self.id)
 
     def close(self) -> None:
         self.closed = True
@@ -241,6 +247,7 @@ class HttpPool:
         self._idle: deque[_Connection] = deque()
         self._all: set[_Connection] = set()
         self._busy: set[_Connection] = set()  # with a request in flight
+        self._opened = 0  # connections opened so far (each one's id: the per-request records' `connection`)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sweeper: asyncio.Task | None = None
 
@@ -280,6 +287,7 @@ class HttpPool:
         except OSError as exc:
             raise Failure("connect", f"cannot connect to {self._host}:{self._port}: {exc.strerror or exc}") from None
         self._all.add(connection)
+        connection.id, self._opened = self._opened, self._opened + 1
         return connection
 
     def _discard(self, connection: _Connection | None) -> None:
@@ -369,7 +377,9 @@ def request_head(prefix: bytes, endpoint: Endpoint, body_len: int) -> bytes:
 
 
 def with_server_headers(outcome: Outcome, response: Response) -> Outcome:
-    """`outcome` with the Server-Timing parts and the replica id the response carried."""
+    """`outcome` with the Server-Timing parts and the replica id the response carried, and when its
+    first bytes came on which connection (the per-request records')."""
+    outcome.first_byte_ns, outcome.connection = response.first_ns, response.connection
     timing = response.headers.get("server-timing")
     if timing:
         outcome.server_timing = parse_server_timing(timing)

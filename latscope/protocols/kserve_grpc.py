@@ -231,6 +231,7 @@ class KServeGrpcClient:
         try:
             call = self._infer(data, timeout=plan.timeout_s, metadata=metadata)
             response = await call
+            first = time.perf_counter_ns()  # the response message is in (its trailers may follow)
             trailing = await call.trailing_metadata()  # the status and trailers end a gRPC response
             end = time.perf_counter_ns()
         except grpc.aio.AioRpcError as exc:
@@ -249,7 +250,7 @@ class KServeGrpcClient:
         except (grpc.RpcError, ValueError, TypeError) as exc:  # e.g. metadata grpc refuses; never raise for one request
             return Outcome(sent, time.perf_counter_ns(), error="protocol", bytes_out=len(data), encode_ns=encode_ns,
                            reason=f"gRPC call failed: {type(exc).__name__}: {exc}"), None
-        outcome = Outcome(sent, end, bytes_out=len(data), bytes_in=len(response), encode_ns=encode_ns)
+        outcome = Outcome(sent, end, bytes_out=len(data), bytes_in=len(response), encode_ns=encode_ns, first_byte_ns=first)
         _with_trailing(outcome, trailing)
         return decoded(outcome, lambda: decode_infer_response(response), plan.outputs)
 

@@ -227,6 +227,7 @@ code{font-size:12px;background:#f3f3f3;padding:1px 4px;border-radius:3px;word-br
 .stamp{font-weight:700;padding:2px 8px;border-radius:4px;color:#fff;background:#666;white-space:nowrap}
 .stamp.valid{background:#18794e}.stamp.degraded{background:#b7791f}.stamp.invalid{background:#c62828}
 .badges span{display:inline-block;margin-right:8px}
+p.why{font-size:15px;margin:4px 0 8px}p.why b.bad{color:#c62828}p.why b.good{color:#18794e}
 ul.cold{margin:4px 0 8px;padding-left:20px;font-size:14px}ul.cold li.bad b{color:#c62828}ul.cold li.good b{color:#18794e}
 .grid{display:grid;grid-template-columns:1fr 1fr;gap:16px}
 nav{font-size:13px}nav a{margin-right:12px;color:#1f5fa8;text-decoration:none}

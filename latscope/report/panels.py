@@ -19,13 +19,16 @@ from typing import Callable
 
 import pandas as pd
 
-from latscope.analysis import coldstart, correlation, percentiles, serialization, sessions
+from latscope.analysis import coldstart, correlation, explain, percentiles, serialization, server_signals, sessions
 from latscope.analysis.run_data import RunData
 from latscope.report import figures
 from latscope.report.coldstart_panel import coldstart_panel as draw_coldstart
 from latscope.report.figures import Panel
 from latscope.report.nodes_panel import add_nodes, node_traces
 from latscope.report.sessions_panel import sessions_panel as draw_sessions
+from latscope.report.server_panel import server_panel as draw_server
+from latscope.report.why_panel import why_panel as draw_why
+from latscope.results.schema import metric_label
 
 
 @dataclass(frozen=True)
@@ -168,11 +171,33 @@ def sessions_panel(run: RunData, base: RunData | None = None) -> Panel:
     return draw_sessions(*data(run), base=data(base))
 
 
+def why_panel(run: RunData, base: RunData | None = None) -> Panel:
+    """The tail explained (analysis.explain): explain.json as the run wrote it, or explained now."""
+    if base is None:
+        return draw_why(explain.explanation(run))
+    return draw_why(explain.explanation(run), explain.explanation(base), compare=True)
+
+
+def server_panel(run: RunData, base: RunData | None = None) -> Panel:
+    """The server's own TTFT and end-to-end time beside the client's (analysis/server_signals.py);
+    on the compare page, the new run's, or the base run's when only it has them."""
+    def rows(r: RunData) -> list:
+        return [(metric_label(client), label, server_signals.client_vs_server(r, client, signal))
+                for client, signal, label in server_signals.PAIRS]
+
+    new = rows(run)
+    if base is None or any(len(frame) for *_, frame in new):
+        return draw_server(new, run.summary, run.events, "" if base is None else " (new run)")
+    return draw_server(rows(base), base.summary, base.events, " (base run)")
+
+
 PANELS: tuple[PanelSpec, ...] = (
+    PanelSpec("why", "Why the tail", why_panel),
     PanelSpec("spectrum", "Latency percentile spectrum", spectrum_panel),
     PanelSpec("latency-time", "Latency over time", latency_time_panel),
     PanelSpec("load-time", "Load: offered vs achieved rate, in flight, errors", load_time_panel, compare_title="Load"),
     PanelSpec("streaming", "Streaming", streaming_panel),
+    PanelSpec("server-view", "Server's view", server_panel),
     PanelSpec("sessions", "Sessions and prefix cache", sessions_panel),
     PanelSpec("gpu", "GPU lanes", gpu_panel),
     PanelSpec("coldstart", "Cold starts", coldstart_panel),

@@ -9,6 +9,8 @@
       events.jsonl        run start/end, phases, target launch and readiness, actions, aborts (events.py)
       schedule.parquet    the realized schedule: intended offset, phase, class of every planned request
       nodes.parquet       a distributed run's machines, one row per interval per node (NODE_COLUMNS)
+      requests.parquet    one row per request sent (REQUEST_COLUMNS; merged from the workers' parts: requests.py)
+      explain.json        why the tail is what it is (latscope/analysis/explain.py; `latscope explain`)
       target.log          output of a target the scenario launched
       report.html, summary.md   the report (latscope/report/), when written
 
@@ -31,10 +33,10 @@ import pyarrow.parquet as pq
 
 from latscope.errors import ScenarioError
 from latscope.results.events import EventLog, read_events
-from latscope.results.schema import (EVENTS, HLOG, NODES, REPORT, SCENARIO, SCHEDULE, SCHEMA_VERSION, SUMMARY,
+from latscope.results.schema import (EVENTS, HLOG, NODES, REPORT, REQUESTS, SCENARIO, SCHEDULE, SCHEMA_VERSION, SUMMARY,
                                      SUMMARY_MD, TARGET_LOG, TELEMETRY, TIMESERIES)
 
-__all__ = ["EVENTS", "HLOG", "NODES", "REPORT", "SCENARIO", "SCHEDULE", "SCHEMA_VERSION", "SUMMARY", "SUMMARY_MD", "TARGET_LOG",
+__all__ = ["EVENTS", "HLOG", "NODES", "REPORT", "REQUESTS", "SCENARIO", "SCHEDULE", "SCHEMA_VERSION", "SUMMARY", "SUMMARY_MD", "TARGET_LOG",
            "TELEMETRY", "TIMESERIES", "EventLog", "create_run_dir", "read_events", "save_baseline", "utc_stamp",
            "write_json", "write_rows", "write_table", "write_text"]
 

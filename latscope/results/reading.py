@@ -83,6 +83,8 @@ SUMMARY_SHAPE: dict[str, Any] = {
     "slo": [{"metric": "str", "class": "str", "stat": "str", "limit": "number?", "value": "number?",
              "passed": "bool", "reason": "str"}],
     "phases": [{"name!": "str", "start_s!": "number", "duration_s!": "number", "warmup": "bool"}],
+    # requests.parquet (null: output.requests off; absent in a directory written before it)
+    "request_records": (None, {"file": "str", "rows": "int", "sampled": "bool", "fraction": "number", "max_rows": "int?"}),
     "generator": {"workers": "int", "interval_s": "number?", "clamped_values": {"*": "int"},
                   "target_ready_after_s": "number?", "target_launched_at_s": "number?", "target_ready_at_s": "number?",
                   "distributed": "map", "nodes": ["map"]},

@@ -25,6 +25,9 @@ TELEMETRY = "telemetry.parquet"  # one row per sample (TELEMETRY_COLUMNS)
 EVENTS = "events.jsonl"  # one JSON object a line (EVENT_TYPES below)
 SCHEDULE = "schedule.parquet"  # the realized schedule: one row per planned request (SCHEDULE_COLUMNS)
 NODES = "nodes.parquet"  # a distributed run's machines' health: one row per interval per node (NODE_COLUMNS)
+REQUESTS = "requests.parquet"  # one row per request sent (REQUEST_COLUMNS)
+REQUEST_PARTS = ".requests"  # the workers' part files of requests.parquet while the run lasts
+EXPLAIN = "explain.json"  # `latscope explain`: why the tail is what it is (analysis/explain.py)
 TARGET_LOG = "target.log"  # output of a target the scenario launched
 REPORT = "report.html"  # written by `latscope run` and `latscope report`
 SUMMARY_MD = "summary.md"  # the report's Markdown summary
@@ -101,6 +104,52 @@ SCHEDULE_COLUMNS = ("intended_s", "phase", "class", "prompt_tokens", "output_tok
 # its clock's offset from the coordinator's (ms). summary.json generator.nodes has the whole-run view.
 NODE_COLUMNS = ("interval_start_s", "node", "host", "status", "sent", "completed", "errors", "in_flight",
                 "send_lag_p99_ms", "loop_lag_p99_ms", "cpu_pct", "clock_offset_ms")
+
+# requests.parquet: one row per request SENT (warm-up flagged, not dropped), in each worker's
+# completion order (sort by `row` for the schedule's). Times are integer µs on the run clock (since
+# t0, the first intended send: the clock of timeseries, events and telemetry); durations are exactly
+# the integer µs the histograms got (intervals.py), so percentiles from this file agree with
+# summary.json's to HDR precision. Null: not applicable. Then one float64 column `server.<part>` per
+# Server-Timing part any request carried (ms, as the server said; null where a request had none).
+# summary.json `request_records`: {"file", "rows", "sampled", "fraction", "max_rows"} (output.requests:
+# past max_rows planned requests each row is kept with probability fraction, decided per row up front).
+REQUEST_COLUMNS: dict[str, str] = {
+    "row": "int64: the schedule row (Request.seq: the row schedule.parquet and X-Request-Id say)",
+    "class": "string: the workload class",
+    "phase": "string: the phase (a session's later turn: the phase its intended time falls in)",
+    "warmup": "bool: sent in a warm-up phase (kept out of the statistics)",
+    "worker": "int32: the engine that sent it (global across a distributed run)",
+    "node": "string: a distributed run's machine; null in a local run",
+    "session": "int64: the session it is a turn of (null: not a session's turn)",
+    "turn": "int32: its turn in the session, from 1 (0: not a turn)",
+    "intended_us": "int64: when the plan (or the previous answer and think time) said to send it",
+    "sent_us": "int64: when the client began sending it (null: cancelled before the client said)",
+    "first_byte_us": "int64: when the response's first bytes arrived (null: unknown or none)",
+    "first_token_us": "int64: a stream's first token chunk (null: not a stream)",
+    "end_us": "int64: when the whole response was read, the failure seen, or the request cancelled",
+    "error": "string: an ERROR_KINDS member, or `cancelled` (in flight when the run was torn down); null: success",
+    "status": "int32: the HTTP (or gRPC) status; 0: none",
+    "latency_us": "int64: end − intended (success only), as the `latency` histogram got it",
+    "service_us": "int64: end − sent (success only)",
+    "send_lag_us": "int64: sent − intended (every request the client stamped)",
+    "encode_us": "int64: the client's encode of it (null: not measured)",
+    "decode_us": "int64: the client's decode of the response (null: not measured)",
+    "network_us": "int64: service − decode − the server's Server-Timing total (null: no Server-Timing, or a stream)",
+    "ttft_us": "int64: first token chunk − intended (streams)",
+    "tpot_us": "int64: (end − first token) // (output tokens − 1) (streams of more than one token)",
+    "itl_max_us": "int64: the longest gap between two token chunks (streams of two chunks or more)",
+    "client_inclusive_us": "int64: latency + the part of the encode done before the intended time",
+    "prompt_tokens": "int32: the server's usage prompt tokens, else the planned prompt length",
+    "output_tokens": "int32: the server's usage output tokens, else the token chunks counted (0: none)",
+    "cached_tokens": "int32: prompt tokens the server took from its prefix cache (null: it did not say)",
+    "replica": "string: the replica that answered (X-Replica-Id), scrubbed of secrets (null: not said)",
+    "bytes_in": "int64: response body bytes",
+    "bytes_out": "int64: request body bytes",
+    "stall_us": "int64: the generator's own stalls (GC pauses, event-loop lag, each ≥ 1 ms) overlapping "
+                "[intended, end], their union in µs (0: none)",
+    "connection": "int32: which connection of its worker's client carried it (null: unknown)",
+}
+REQUEST_SERVER_PREFIX = "server."  # then one float64 column per Server-Timing part (ms)
 
 # -- metrics (histograms.hlog tags, summary.json "metrics", timeseries.parquet "metric") -----------
 
@@ -220,6 +269,41 @@ TELEMETRY_METRICS: dict[str, tuple[str, str]] = {
     "cpu_pct": ("CPU", "% of one core"),
     "rss_bytes": ("Resident memory", "B"),
     "loop_lag_p99_ms": ("Event-loop lag p99", "ms"),
+}
+
+# An inference server's own signals, as the shipped Prometheus mappings write them (telemetry/mappings.py:
+# vLLM, SGLang, TGI, llama.cpp, Triton, the reference server), the same name whichever engine exports
+# the thing: name -> one sentence. A `_s` metric is a per-second rate between two scrapes; the
+# `server_*_ms` ones describe the requests the server finished between two scrapes (no sample when it
+# finished none): p50/p99 interpolated in its histogram's buckets (off by at most the bucket's width,
+# telemetry/histograms.py), the mean exact.
+SERVER_SIGNALS: dict[str, str] = {
+    "queue_depth": "Requests waiting in the server's queue, not yet running (vLLM num_requests_waiting, SGLang num_queue_reqs, ...).",
+    "requests_running": "Requests the server is running now: in its batch, being prefilled or decoded.",
+    "kv_cache_usage_pct": "How full the server's KV cache is, 0-100 %.",
+    "preemptions_s": "Running requests the server preempted (SGLang: retracted) per second, to free KV cache; each is recomputed later.",
+    "prefix_cache_queries_s": "Prompt tokens looked up in the server's prefix cache per second.",
+    "prefix_cache_hits_s": "Prompt tokens found in the server's prefix cache per second (hit rate: hits / queries).",
+    "prompt_tokens_s": "Prompt (prefill) tokens the server processed per second.",
+    "generation_tokens_s": "Tokens the server generated per second.",
+    "batch_size": "Sequences per forward pass or batch (TGI, llama.cpp: as exported; the reference server: the mean per scrape).",
+    "server_ttft_p50_ms": "The server's own time to first token, median of the requests it served between two scrapes.",
+    "server_ttft_p99_ms": "The server's own time to first token, 99th percentile between two scrapes.",
+    "server_ttft_mean_ms": "The server's own time to first token, mean between two scrapes.",
+    "server_queue_time_p50_ms": "Time requests waited in the server's queue before running, median between two scrapes.",
+    "server_queue_time_p99_ms": "Time requests waited in the server's queue, 99th percentile between two scrapes.",
+    "server_queue_time_mean_ms": "Time requests waited in the server's queue, mean between two scrapes.",
+    "server_e2e_p50_ms": "The server's own end-to-end request time (arrival to last token), median between two scrapes.",
+    "server_e2e_p99_ms": "The server's own end-to-end request time, 99th percentile between two scrapes.",
+    "server_e2e_mean_ms": "The server's own end-to-end request time, mean between two scrapes.",
+    "server_compute_mean_ms": "Compute (model execution) time per request or batch, mean between two scrapes (Triton, the reference server).",
+    "requests_s": "Requests the server completed per second, by its own count.",
+    "request_failures_s": "Requests the server failed per second (Triton).",
+    "inferences_s": "Inferences per second (Triton: a request of batch n counts n).",
+    "executions_s": "Model executions per second (Triton: inferences / executions is the mean dynamic batch).",
+    "in_flight_requests": "HTTP requests the server is handling now (the reference server).",
+    "active_sequences": "Sequences being decoded (the reference server; also written as requests_running).",
+    "waiting_sequences": "Generation requests waiting for a sequence slot (the reference server).",
 }
 
 # -- events.jsonl -----------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from latscope.run.launch import LaunchedTarget, core_split, cores_for_latscope, 
 from latscope.run.live import LiveMetrics, start_live_metrics
 from latscope.run.parts import RunPart
 from latscope.run.pool import LocalPool, Pool
+from latscope.run.requests import RequestRecords, requests_dir
 from latscope.run.summary import RunFacts, write_results
 from latscope.scenario import Scenario, redacted_yaml, scrub, secret_values
 from latscope.telemetry.session import TelemetrySession
@@ -87,7 +88,7 @@ def run_scenario(
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
     stop: StopRequest | None = None,
-    make_pool: Callable[[Scenario, Plan, results.EventLog], Pool] | None = None,
+    make_pool: Callable[[Scenario, Plan, results.EventLog, Path | None], Pool] | None = None,
 ) -> RunResult:
     """Run `scenario` and write its results directory. Raises RunError when the run could not
     start; a run that started always leaves a results directory (partial when cut short).
@@ -103,7 +104,7 @@ def run_scenario(
 
 def _run_scenario(scenario: Scenario, out: str | Path | None, workers: int | None,
                   on_progress: Callable[[Progress], None] | None, metrics_port: int | None, metrics_host: str,
-                  stop: StopRequest, make_pool: Callable[[Scenario, Plan, results.EventLog], Pool] | None) -> RunResult:
+                  stop: StopRequest, make_pool: Callable[[Scenario, Plan, results.EventLog, Path | None], Pool] | None) -> RunResult:
     split = core_split(scenario.target.launch)  # a launched target's own cores, latscope's the rest
     workers = max(1, workers or (len(split[0]) if split else os.cpu_count() or 1))
     started_wall = time.time()
@@ -120,8 +121,12 @@ def _run_scenario(scenario: Scenario, out: str | Path | None, workers: int | Non
         events = results.EventLog(run_dir / results.EVENTS)
         if scenario.output.save_schedule:
             _write_schedule(run_dir, plan)
-        pool = make_pool(scenario, plan, events) if make_pool else LocalPool(scenario, workers)
+        parts_dir = requests_dir(run_dir, scenario, plan)  # None: output.requests is off
+        pool = make_pool(scenario, plan, events, parts_dir) if make_pool else LocalPool(
+            scenario, workers, requests_dir=parts_dir)
         run = _Run(scenario, plan, pool, run_dir, events, on_progress)
+        if scenario.output.requests != "off":  # after the pool's own parts: merged once the workers are gone
+            run.records = RequestRecords(scenario, plan)
         run.target_cores = split[1] if split else None
         if live is not None:
             live.set_run_dir(str(run_dir))
@@ -139,6 +144,7 @@ def _run_scenario(scenario: Scenario, out: str | Path | None, workers: int | Non
     finally:
         if live is not None:
             live.close()  # the endpoint is served until the results are written
+    _write_explain(run_dir, stop)  # before the report, which shows it
     if scenario.output.report:
         _write_report(run_dir, stop)
     if run.failure:
@@ -159,6 +165,22 @@ def _start_live(scenario: Scenario, plan: Plan, port: int | None, host: str) -> 
                               interval_s=scenario.output.interval, actions=[(a.name, a.kind) for a in scenario.actions])
     print(f"live metrics: {live.url}", file=sys.stderr, flush=True)
     return live
+
+
+def _write_explain(run_dir: Path, stop: StopRequest) -> None:
+    """explain.json (analysis/explain.py): why the tail is what it is; `not_enough_data` with the
+    reason when the run kept no usable requests.parquet. Like the report, never at the cost of the
+    results, and skipped after a second Ctrl-C."""
+    if stop.hurry:
+        return
+    try:
+        from latscope.analysis.explain import explain_or_reason, write_explain
+
+        write_explain(run_dir, explain_or_reason(run_dir))
+    except Exception as exc:  # noqa: BLE001 - never lose a run's results to its explanation
+        logging.getLogger("latscope.explain").warning(
+            "explain.json not written (%s: %s); the results are complete, retry with: latscope explain %s",
+            type(exc).__name__, exc, run_dir)
 
 
 def _write_report(run_dir: Path, stop: StopRequest) -> None:
@@ -185,6 +207,7 @@ class _Run:
         self.events = events
         self.on_progress = on_progress
         self.parts: list[RunPart] = []  # hooked in at the run's moments (parts.py), in this order
+        self.records: RequestRecords | None = None  # requests.parquet (run/requests.py): written after the parts
         self.target: LaunchedTarget | None = None
         self.target_cores: set[int] | None = None  # where a launched target is pinned (launch.core_split)
         self.secrets = secret_values(scenario)  # kept out of the abort reason, the events and target.log
@@ -450,6 +473,9 @@ class _Run:
         os.replace(self._hlog_file.name, self.run_dir / results.HLOG)
         for part in self.parts:
             part.write(self.run_dir)
+        if self.records is not None:
+            self.records.node_of_worker = getattr(self.pool, "node_of_worker", lambda: None)()  # a remote pool's roster
+            self.records.write(self.run_dir)
 
     def facts(self, started_wall: float) -> RunFacts:
         """What summary.json is made of, once the run is closed."""
@@ -465,4 +491,5 @@ class _Run:
             gpus=self.telemetry.gpus if self.telemetry else [], error_examples={k: v[:5] for k, v in examples.items()},
             unaccounted=sum(done.unaccounted for done in self.done.values() if done),
             distributed=self.pool.describe(self.plan.duration_s) if self.started else None,
+            request_records=self.records.summary() if self.records is not None else None,
         )

@@ -59,13 +59,16 @@ class Pool(Protocol):
 class LocalPool:
     """`count` engine processes on this machine, numbered first … first + count − 1 of `of` in all
     (a local run: 0 … N − 1 of N; a distributed node: its range of the run's engines). With `plan`,
-    they send from it instead of building their own (a node gets the master's plan)."""
+    they send from it instead of building their own (a node gets the master's plan). With
+    `requests_dir`, each writes its per-request records there as part files (request_log.py)."""
 
     start_delay_s = LOCAL_START_DELAY_S
     ready_timeout_s = LOCAL_READY_TIMEOUT_S
 
-    def __init__(self, scenario: Scenario, count: int, *, first: int = 0, of: int | None = None, plan: Plan | None = None):
+    def __init__(self, scenario: Scenario, count: int, *, first: int = 0, of: int | None = None, plan: Plan | None = None,
+                 requests_dir: str | None = None):
         self.scenario, self.count, self.first, self.of, self.plan = scenario, count, first, of or count, plan
+        self.requests_dir = requests_dir
         self.senders = self.engines = count
         self.processes: list = []
         self._reported_dead: set[int] = set()
@@ -86,7 +89,7 @@ class LocalPool:
                 index = self.first + j
                 process = ctx.Process(
                     target=worker_main,
-                    args=(WorkerSpec(index, self.of, self.scenario, self.plan), self._queue, self._start_event,
+                    args=(WorkerSpec(index, self.of, self.scenario, self.plan, self.requests_dir), self._queue, self._start_event,
                           self._t0, self._stop_event),
                     name=f"latscope-worker-{index}",
                     daemon=True,

@@ -59,6 +59,7 @@ class RunFacts:
     unaccounted: int = 0  # sent, yet counted neither completed, an error nor cancelled (WorkerDone): a bug if not 0
     # a distributed run's machines (distributed/remote.py describe): generator.distributed and generator.nodes
     distributed: dict | None = None
+    request_records: dict | None = None  # summary.json request_records (run/requests.py); None: not kept
 
     def run_clock(self, ns: int | None) -> float | None:
         """perf_counter_ns `ns` on the run's clock (seconds from t0), None when either is unknown."""
@@ -157,6 +158,7 @@ def build_summary(facts: RunFacts) -> dict:
             {"name": p.name, "start_s": p.start_s, "duration_s": p.duration_s, "warmup": p.warmup}
             for p in plan.phases
         ],
+        "request_records": facts.request_records,
         "generator": {
             "workers": facts.workers,
             "interval_s": scenario.output.interval,

@@ -16,6 +16,8 @@
     min_capacity_rps: 350       # a capacity directory (`latscope capacity`): its bracket's upper end
                                 # must reach 350 req/s; with a baseline capacity directory, a bracket
                                 # wholly below the baseline's is a regression
+    fail_on_generator_tail: true  # fail (exit 4, invalid) when `latscope explain`'s top cause of the
+                                # tail is the load generator itself: never blame the server for it
 """
 
 from __future__ import annotations
@@ -75,6 +77,9 @@ class GateFile(_Model):
     # For a capacity directory (`latscope capacity`): fail when the capacity found — the upper end of
     # its bracket, the lowest rate that failed — is below this many req/s.
     min_capacity_rps: float | None = Field(None, gt=0)
+    # Fail when `latscope explain` finds that the load generator made the tail (its top cause,
+    # standing out): the measurement is the client's, not the target's (analysis/explain.py).
+    fail_on_generator_tail: bool = False
 
 
 def load_gate_file(path: str | Path | None) -> GateFile:

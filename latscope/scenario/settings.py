@@ -162,13 +162,26 @@ class Goodput(Model):
 GOODPUT_OBJECTIVES = ("ttft_ms", "tpot_ms", "itl_ms", "latency_ms")
 
 
+DEFAULT_MAX_REQUEST_ROWS = 5_000_000  # requests.parquet's bound by default (~40 bytes a plain HTTP request: ~200 MB)
+
+
+class RequestsOutput(Model):
+    """requests.parquet bounded: past `max_rows` planned requests, a seeded uniform sample of about
+    that many rows (each row kept with probability max_rows / planned requests)."""
+
+    max_rows: int = Field(DEFAULT_MAX_REQUEST_ROWS, ge=1)
+
+
 class Output(Model):
-    """Where results go and how often interval statistics are taken."""
+    """Where results go and how often interval statistics are taken. `requests`: the per-request
+    records (requests.parquet): `all` (every request), `off` (none), or `{max_rows: N}` (the default,
+    N = 5,000,000: all of a run that plans up to N, else a seeded sample of about N)."""
 
     dir: str = "results"
     interval: Annotated[Duration, Field(ge=0.1)] = 1.0
     save_schedule: bool = True
     report: bool = True  # report.html + summary.md at the end (`latscope report` can write them later)
+    requests: Literal["all", "off"] | RequestsOutput = RequestsOutput()
 
 
 class Validity(Model):

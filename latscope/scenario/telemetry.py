@@ -4,25 +4,61 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, WithJsonSchema, field_validator
+from pydantic import BeforeValidator, Field, ValidationError, WithJsonSchema, field_validator, model_validator
 
 from latscope.scenario.base import URL_CREDENTIALS, Duration, Model, PositiveDuration, check_http_url, check_unique
 
 
-PROMETHEUS_MAPPINGS = ("dcgm", "triton", "reference-server")
+PROMETHEUS_MAPPINGS = ("dcgm", "triton", "reference-server", "vllm", "sglang", "tgi", "llama.cpp")
 
 
 class PrometheusMetric(Model):
     """How one exported sample becomes a telemetry metric: its name in telemetry.parquet (one of
-    results.schema.TELEMETRY_METRICS for GPU metrics, or a name of its own), a scale, whether it is a
-    counter to turn into a per-second rate, the label naming the device, and how series of one
-    device combine."""
+    results.schema.TELEMETRY_METRICS for GPU metrics, SERVER_SIGNALS for an inference server's, or a
+    name of its own), a scale, the label naming the device, how series of one device combine, and
+    what kind of value it is. A gauge is written as it is; the other kinds compare two scrapes:
+    `rate` (a counter, per second), `per` (this counter's increase over that counter's: a mean per
+    event, e.g. Triton's queue microseconds per request), and, for a histogram (the exported name is
+    the family's, without _bucket/_sum/_count), `quantile` (interpolated in the buckets' increase, as
+    Prometheus's histogram_quantile does) or `mean` (increase of _sum over increase of _count)."""
 
     metric: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     scale: float = 1.0
     rate: bool = False
+    per: str | None = Field(None, min_length=1)
+    quantile: Annotated[float, Field(gt=0, lt=1)] | None = None
+    mean: bool = False
     device_label: str | None = None
     aggregate: Literal["sum", "mean", "max"] = "sum"
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> PrometheusMetric:
+        kinds = [k for k, on in (("rate", self.rate), ("per", self.per is not None),
+                                 ("quantile", self.quantile is not None), ("mean", self.mean)) if on]
+        if len(kinds) > 1:
+            raise ValueError(f"a metric is one kind of value: choose one of {', '.join(kinds)}")
+        return self
+
+    @property
+    def histogram(self) -> bool:
+        """Read from a histogram's _bucket/_sum/_count samples."""
+        return self.quantile is not None or self.mean
+
+
+def _entries(name: str, entry: Any) -> list[PrometheusMetric]:
+    """One exported name's entries: a PrometheusMetric (or its fields) or a list of them (one
+    exported sample can feed several metrics: a histogram's p50 and p99, say)."""
+    out = []
+    for one in entry if isinstance(entry, list) else [entry]:
+        try:
+            out.append(one if isinstance(one, PrometheusMetric) else PrometheusMetric.model_validate(one))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            raise ValueError(f"{name}{'.' + where if where else ''}: {first['msg']}") from None
+    if not out:
+        raise ValueError(f"{name}: an empty list maps the sample to nothing")
+    return out
 
 
 class PrometheusSource(Model):
@@ -36,7 +72,9 @@ class PrometheusSource(Model):
     mapping: Annotated[
         str | dict[str, Any],
         WithJsonSchema({"anyOf": [{"enum": list(PROMETHEUS_MAPPINGS)},
-                                  {"type": "object", "additionalProperties": PrometheusMetric.model_json_schema()}]}),
+                                  {"type": "object", "additionalProperties": {"anyOf": [
+                                      PrometheusMetric.model_json_schema(),
+                                      {"type": "array", "items": PrometheusMetric.model_json_schema()}]}}]}),
     ] = "reference-server"
     timeout: PositiveDuration = 2.0  # one scrape; a slower endpoint is a gap in its samples
     interval: PositiveDuration | None = None  # default: telemetry.interval
@@ -55,15 +93,16 @@ class PrometheusSource(Model):
             return mapping
         if not mapping:
             raise ValueError(f"an inline mapping needs at least one metric (or name one of {', '.join(PROMETHEUS_MAPPINGS)})")
-        out = {}
+        out: dict[str, PrometheusMetric | list[PrometheusMetric]] = {}
         for name, entry in mapping.items():
-            try:
-                out[name] = entry if isinstance(entry, PrometheusMetric) else PrometheusMetric.model_validate(entry)
-            except ValidationError as exc:
-                first = exc.errors()[0]
-                where = ".".join(str(part) for part in first["loc"])
-                raise ValueError(f"{name}{'.' + where if where else ''}: {first['msg']}") from None
+            entries = _entries(name, entry)
+            out[name] = entries if isinstance(entry, list) else entries[0]
         return out
+
+
+def _one_or_list(value: Any) -> Any:
+    """`prometheus: {url: ..., mapping: vllm}`: one source without the list around it."""
+    return [value] if isinstance(value, dict) else value
 
 
 class Telemetry(Model):
@@ -74,7 +113,11 @@ class Telemetry(Model):
     interval: Annotated[Duration, Field(ge=0.05)] = 0.25
     nvml: Literal["auto", True, False] = "auto"
     host: bool = True
-    prometheus: list[PrometheusSource] = []
+    # One source as a mapping, or a list of them (the one-line form: `prometheus: {url: ..., mapping: vllm}`).
+    prometheus: Annotated[
+        list[PrometheusSource],
+        BeforeValidator(_one_or_list, json_schema_input_type=PrometheusSource | list[PrometheusSource]),
+    ] = []
 
     @field_validator("prometheus")
     @classmethod

@@ -53,6 +53,31 @@ def target_app(handle: Callable[[web.Request], Awaitable[web.Response]]) -> web.
     return app
 
 
+def serve(app: web.Application, host: str, port: int) -> None:
+    """Serve `app` on host:port (0: a free port) until interrupted, on uvloop where it is installed,
+    printing `ready http://HOST:PORT` once it listens (what tests and `target.launch` wait for)."""
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # pragma: no cover
+        pass
+
+    async def run() -> None:
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound_host, bound_port = site._server.sockets[0].getsockname()[:2]
+        print(f"ready http://{bound_host}:{bound_port}", flush=True)
+        await asyncio.Event().wait()
+
+    try:
+        asyncio.run(run())
+    except KeyboardInterrupt:
+        pass
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")

@@ -27,7 +27,7 @@ import time
 
 from aiohttp import web
 
-from latscope.targets.echo import target_app
+from latscope.targets.echo import serve, target_app
 
 
 def make_app(service_ms: float, seed: int = 0) -> web.Application:
@@ -54,26 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--service-ms", type=float, default=2.0, help="mean service time (exponential)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:  # pragma: no cover
-        pass
-
-    async def serve() -> None:
-        runner = web.AppRunner(make_app(args.service_ms, args.seed), access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, args.host, args.port)
-        await site.start()
-        host, port = site._server.sockets[0].getsockname()[:2]
-        print(f"ready http://{host}:{port}", flush=True)
-        await asyncio.Event().wait()
-
-    try:
-        asyncio.run(serve())
-    except KeyboardInterrupt:
-        pass
+    serve(make_app(args.service_ms, args.seed), args.host, args.port)
 
 
 if __name__ == "__main__":

@@ -72,14 +72,14 @@ def _error(message: str, kind: str = "invalid_request_error") -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": None, "code": None}}
 
 
-def _words(value: Any) -> int:
+def prompt_words(value: Any) -> int:
     """Prompt tokens: whitespace-separated words of a prompt, a list of prompts or chat messages."""
     if isinstance(value, str):
         return len(value.split())
     if isinstance(value, list):
-        return sum(1 if isinstance(v, int) else _words(v) for v in value)
+        return sum(1 if isinstance(v, int) else prompt_words(v) for v in value)
     if isinstance(value, dict):
-        return _words(value["content"] if "content" in value else value.get("text"))
+        return prompt_words(value["content"] if "content" in value else value.get("text"))
     return 0
 
 
@@ -282,7 +282,7 @@ class StreamProtocol(asyncio.Protocol):
             ttft, itl = float(req.get("ttft_ms", self.timing.ttft_ms)), float(req.get("itl_ms", self.timing.itl_ms))
             if not all(0 <= t < 3.6e6 for t in (ttft, itl, *gaps)):
                 raise ValueError("ttft_ms, itl_ms and token_gaps_ms must be in [0, 3600000)")
-            self.prompt_tokens = _words(req.get("messages") if chat else req.get("prompt"))
+            self.prompt_tokens = prompt_words(req.get("messages") if chat else req.get("prompt"))
             self.stream = bool(req.get("stream"))
             self.usage = not self.stream or bool((req.get("stream_options") or {}).get("include_usage"))
         except (ValueError, TypeError, AttributeError, RecursionError) as exc:

@@ -9,7 +9,7 @@ unit), so the report and the analysis need not know where a sample came from. So
 | --- | --- | --- |
 | `nvml` | nvml.py | local NVIDIA GPUs (GPM bandwidth and SM metrics where the GPU has them) |
 | `host` | host.py | CPU and memory of latscope's own processes, and each worker's event-loop lag |
-| a Prometheus source's name | prometheus.py | any /metrics page through a mapping (mappings.py: DCGM, Triton, the reference server) |
+| a Prometheus source's name | prometheus.py | any /metrics page through a mapping (mappings.py: DCGM, vLLM, SGLang, TGI, llama.cpp, Triton, the reference server) |
 
 A new source is a `Sampler` in a module of its own, a field under the scenario's `telemetry:`
 (latscope/scenario/telemetry.py) and an arm in `TelemetrySession.from_config`.

@@ -44,6 +44,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -166,6 +167,10 @@ def test_the_slo_failing_at_the_lowest_rate_exits_1(queue_server, tmp_path):
     assert cap["stopped"] == "slo_fails_at_lowest_rate" and len(cap["steps"]) == 1
     assert cap["max_rate_rps"] is None and cap["bracket"]["high_rps"] == 60
     assert "fail even at the lowest rate" in res.stdout
+    step = tmp_path / "c" / cap["steps"][0]["dir"]  # an ordinary run: its per-request records too
+    summary = json.loads((step / "summary.json").read_text())
+    sent = summary["requests"]["sent"] + summary["warmup_requests"]["sent"]  # warm-up rows are kept, flagged
+    assert pq.read_metadata(step / "requests.parquet").num_rows == sent > summary["requests"]["sent"] > 0
 
 
 def test_a_generator_pushed_past_its_limit_stops_with_exit_4_and_says_why(target, tmp_path):

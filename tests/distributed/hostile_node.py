@@ -111,6 +111,10 @@ class Hostile:
             "fetch-negative-offset": {"t": "fetch", "sha": sha, "offset": -1},
             "fetch-huge-offset": {"t": "fetch", "sha": sha, "offset": 10**18},
             "esc-failure": {"t": "failed", "error": "the node broke:\n  boom\x1b[2J\x1b[31m red\x07"},
+            # records that would be written outside the run's .requests/, or under another node's engine
+            "records-escape": {"t": "records", "name": "../../escape.parquet", "offset": 0, "size": 4, "data": b"PAR1"},
+            "records-other-engine": {"t": "records", "name": "w007-000000.parquet", "offset": 0, "size": 4,
+                                     "data": b"PAR1"},
         }.get(CASE)
         if bad is not None:
             self.up(bad)

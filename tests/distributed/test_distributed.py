@@ -23,6 +23,7 @@ import yaml
 
 from latscope import __version__
 from latscope.analysis.quantile_ci import binomial_ranks
+from latscope.distributed.frames import WIRE_VERSION
 from latscope.recorder import new_histogram
 from conftest import serve
 from cluster import LATSCOPE, SHIFT_S, Cluster, arrivals_app, can_shift_clock, wait_for_event
@@ -163,6 +164,19 @@ def test_a_distributed_run_sends_the_local_runs_schedule_measures_the_shifted_cl
     nodes = pd.read_parquet(dist / "nodes.parquet")
     assert sorted(nodes["node"].unique()) == [0, 1] and nodes["sent"].sum() == planned
 
+    # requests.parquet: each node shipped its engines' records to the master's directory, one row per
+    # request sent, each row named by the node whose engine sent it (engine g sends rows g, g + G, …).
+    records = pd.read_parquet(dist / "requests.parquet")
+    assert len(records) == s_dist["requests"]["sent"] == planned and sorted(records["row"]) == list(range(planned))
+    machines = s_dist["generator"]["nodes"]
+    names = [f"{n['node']}:{n['host']}" for n in machines]
+    assert (records["node"].to_numpy() == np.array(names)[node_of(s_dist, records["row"].to_numpy())]).all()
+    assert records.groupby("node").size().to_dict() == {name: n["requests"]["sent"] for name, n in zip(names, machines)}
+    assert (records["worker"].to_numpy() == engine_of(records["row"].to_numpy(), 2)).all()
+    assert all(n["records"]["complete"] and n["records"]["files"] >= 1 for n in machines), machines
+    assert not (dist / ".requests").exists()
+    assert pd.read_parquet(local / "requests.parquet")["node"].isna().all()  # a local run has no nodes
+
 
 def exited_within(process: psutil.Process, timeout: float) -> bool:
     """Whether `process` exited within `timeout` s: gone, or a zombie (its parent, stopped, cannot reap it)."""
@@ -225,9 +239,14 @@ def _check_partial_and_named(out: Path, broken_at: int, log: list, outcome: dict
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     assert any(e["event"] == "node_lost" and e["node"] == lost[0]["node"] for e in events)
     # every file of the results directory is there and readable
-    for name in ("histograms.hlog", "timeseries.parquet", "schedule.parquet", "nodes.parquet"):
+    for name in ("histograms.hlog", "timeseries.parquet", "schedule.parquet", "nodes.parquet", "requests.parquet"):
         assert (out / name).stat().st_size > 0, name
     pd.read_parquet(out / "nodes.parquet")
+    # the node left was stopped and shipped its records; the lost one shipped none (they were still on its machine)
+    ok = next(n for n in summary["generator"]["nodes"] if n["status"] == "ok")
+    records = pd.read_parquet(out / "requests.parquet")
+    assert records.groupby("node").size().to_dict() == {f"{ok['node']}:{ok['host']}": ok["requests"]["sent"]}
+    assert ok["records"]["complete"] and not lost[0]["records"]["complete"] and lost[0]["records"]["files"] == 0
     # The lost node's engines fell silent: nothing of its share reached the target later than this after the break.
     got = arrivals(log)
     theirs = got[node_of(summary, got["seq"].to_numpy()) == lost[0]["node"]]
@@ -267,13 +286,14 @@ def test_a_worker_of_another_latscope_version_is_refused_before_anything_is_sent
         other.wait(30)
         orphans = cluster.no_orphans()
     assert code == 1 and other.returncode == 1 and orphans == [] and log == []
-    assert f"it runs latscope 0.0.0-other (wire 1); the master runs latscope {__version__}" in other.log.read_text()
+    assert f"it runs latscope 0.0.0-other (wire {WIRE_VERSION}); the master runs latscope {__version__}" in \
+        other.log.read_text()
     summary = read_summary(out)
     assert summary["partial"] is True and "expected 1 workers, 0 joined" in summary["abort_reason"]
     assert "0.0.0-other" in summary["abort_reason"]
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     assert [e["reason"] for e in events if e["event"] == "node_rejected"] == [
-        f"it runs latscope 0.0.0-other (wire 1); the master runs latscope {__version__} (wire 1)"]
+        f"it runs latscope 0.0.0-other (wire {WIRE_VERSION}); the master runs latscope {__version__} (wire {WIRE_VERSION})"]
 
 
 def test_with_continue_a_lost_node_is_left_behind_and_sigterm_to_the_master_stops_the_run_in_order(tmp_path):
@@ -312,3 +332,7 @@ def test_with_continue_a_lost_node_is_left_behind_and_sigterm_to_the_master_stop
     assert len(after) > 0 and (after["sent"] > 0).all()  # intervals after the loss completed, with one sender
     assert summary["requests"]["sent"] == summary["requests"]["completed"] + summary["requests"]["errors"] + \
         summary["requests"]["cancelled"]
+    # the node left shipped its records when SIGTERM stopped it, the lost one none: its share is missing, and said so
+    records = pd.read_parquet(out / "requests.parquet")
+    assert records.groupby("node").size().to_dict() == {f"{ok['node']}:{ok['host']}": ok["requests"]["sent"]}
+    assert ok["records"]["complete"] and not lost["records"]["complete"] and lost["records"]["files"] == 0

@@ -17,6 +17,7 @@ from datetime import datetime
 from pathlib import Path
 
 import psutil
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -103,13 +104,15 @@ DROPPED = {
     "bomb": f"its report inflates past {MAX_INFLATED:,} bytes",
     "frame-list": "a frame is not a mapping (a list)",
     "failed-not-string": "its failed frame's error is a dict, not a string",
-    "done-missing-fields": "its done frame has no error_examples, unaccounted",
+    "done-missing-fields": "its done frame has no error_examples, unaccounted, records",
     "fetch-negative-offset": "its fetch frame's offset is -1, not an integer in [0, ",
     "fetch-huge-offset": "its fetch frame's offset is 1000000000000000000, not an integer in [0, ",
     "pong-none": "a clock answer is not a mapping (a NoneType)",
     "pong-string": "a clock answer's t2 is 'soon', not an integer in [0, ",
     "pong-unasked": "a clock answer to no ping of the master's (t1 ",  # a forged t1 would fake a short round trip
     "interval-random-bytes": "its report is not zlib data",
+    "records-escape": "its records frame's name '../../escape.parquet' is not a part file's",
+    "records-other-engine": "its records chunk of w007-000000.parquet is engine 7's, not one of its engines 0…0",
 }
 RUNS = {"hellos": HELLOS, **{case: [case] for case in DROPPED}, "esc-failure": ["esc-failure"],
         "esc-host-admitted": ["esc-host-admitted"]}
@@ -170,6 +173,9 @@ def test_a_node_that_sends_an_invalid_message_is_dropped_naming_why_and_the_run_
     assert f"node 0 ({dropped[0]['host']}) dropped: {DROPPED[case]}" in o.summary["abort_reason"]
     node = o.summary["generator"]["nodes"][0]
     assert node["status"] == "failed" and DROPPED[case] in node["reason"]
+    if case.startswith("records"):  # nothing written, there or anywhere: requests.parquet has no row
+        assert not (o.out.parent.parent / "escape.parquet").exists() and not list(o.out.parent.rglob("w007-*"))
+        assert len(pq.read_table(o.out / "requests.parquet")) == 0 and not node["records"]["complete"]
     # Bounded memory: the bomb inflates to ~500 MiB (the issue's master reached 2.25 GB); refused at
     # MAX_INFLATED (32 MiB) inflated, the coordinator stays near the ~160 MB of an ordinary run.
     assert o.peak_rss_mb < 300, o.peak_rss_mb

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import socket
 import struct
 
@@ -264,3 +265,61 @@ def test_printable_shows_control_characters_instead_of_obeying_them():
     assert printable("line\nnext\ttab", lines=True) == "line\nnext\ttab"
     assert printable("line\nnext") == "line\\nnext"
     assert printable("é日本 ok") == "é日本 ok" and printable("x" * 300) == "x" * 254 + "…"
+
+
+def test_a_records_chunk_is_refused_unless_it_names_a_part_file_of_the_nodes_own_engines_in_order_and_within_bounds():
+    """What a node ships of its requests.parquet part files: every field checked before the coordinator
+    writes a byte under the run directory (a name that would leave `.requests/`, a chunk over CHUNK
+    bytes, a file larger than it said, another node's engine, chunks out of order, more than its budget)."""
+    from latscope.distributed.validate import (RECORDS_BASE_BYTES, RECORDS_ROW_BYTES, InvalidMessage, frame,
+                                               records_budget, records_chunk)
+    from latscope.distributed.wire import CHUNK
+
+    limits = smoke_limits()
+
+    def chunk(**fields):
+        return {"t": "records", "name": "w003-000001.parquet", "offset": 0, "size": 10, "data": b"0123456789", **fields}
+
+    good = frame(chunk(), limits)
+    assert good == {"t": "records", "name": "w003-000001.parquet", "engine": 3, "offset": 0, "size": 10,
+                    "data": b"0123456789"}
+    records_chunk(good, range(2, 4), None, 0, 0)  # engine 3 of the node's 2…3, first chunk, within budget
+    for bad, why in (
+            ({"name": "../x"}, "name '../x' is not a part file's"),
+            ({"name": "../../w003-000001.parquet"}, "is not a part file's"),
+            ({"name": "w003-000001.parquet/../../x"}, "is not a part file's"),
+            ({"name": ".w003-000001.parquet.part"}, "is not a part file's"),
+            ({"name": "w3-1.parquet"}, "is not a part file's"),
+            ({"name": "w0003-000001.parquet"}, "is not a part file's"),  # one file, one name: no second spelling
+            ({"name": "w003-000001.parquet\x00"}, "is not a part file's"),
+            ({"name": "w" * 100}, "name is 100 characters long"),
+            ({"name": 3}, "name is 3, not a string"),
+            ({"data": bytes(CHUNK + 1), "size": CHUNK + 1}, f"data is {CHUNK + 1:,} bytes, not a chunk of 1 to {CHUNK:,}"),
+            ({"data": b""}, "data is 0 bytes"),
+            ({"data": "text"}, "data is 'text', not a chunk"),
+            ({"offset": 5}, "offset is 5, not an integer in [0, 0]"),  # 10 bytes from byte 5 pass the file's end
+            ({"size": 0}, "size is 0, not an integer in [1, "),
+            ({"offset": -1}, "offset is -1"),
+    ):
+        with pytest.raises(InvalidMessage, match=re.escape(why)):
+            frame(chunk(**bad), limits)
+    with pytest.raises(InvalidMessage, match="its records frame has no data"):
+        frame({"t": "records", "name": "w003-000001.parquet", "offset": 0, "size": 10}, limits)
+    with pytest.raises(InvalidMessage, match="its done frame has no records"):
+        frame({"t": "done", "not_sent": 0, "error_examples": {}, "unaccounted": 0}, limits)
+
+    second = frame(chunk(offset=4, data=b"456789"), limits)
+    for args, why in (
+            ((good, range(0, 2), None, 0, 0), "is engine 3's, not one of its engines 0…1"),  # another node's name
+            ((second, range(2, 4), None, 0, 0), "starts at byte 4, not 0"),
+            ((second, range(2, 4), ("w003-000001.parquet", 10, 2), 2, 0), "is not the next of w003-000001.parquet (byte 2"),
+            ((good, range(2, 4), ("w002-000001.parquet", 10, 4), 4, 0), "is not the next of w002-000001.parquet"),
+            ((frame(chunk(size=RECORDS_BASE_BYTES + 1, data=b"x"), limits), range(2, 4), None, 0, 0),
+             f"would take more than {RECORDS_BASE_BYTES:,} bytes (0 requests sent)"),
+            ((good, range(2, 4), None, records_budget(1000) - 9, 1000), "would take more than"),
+    ):
+        with pytest.raises(InvalidMessage, match=re.escape(why)):
+            records_chunk(*args)
+    records_chunk(second, range(2, 4), ("w003-000001.parquet", 10, 4), 4, 0)  # the next chunk in order
+    records_chunk(good, range(2, 4), None, records_budget(1000) - 10, 1000)  # exactly the budget
+    assert records_budget(1000) == RECORDS_BASE_BYTES + 1000 * RECORDS_ROW_BYTES

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from prometheus_client import CollectorRegistry, generate_latest
 
 from reference_server.gpu_metrics import gpu_collector
@@ -61,3 +63,13 @@ def test_real_nvml_on_this_host_never_raises():
     # With a GPU this is a collector (checked on a GPU machine by scraping /metrics); without one, None.
     collector = gpu_collector()
     assert collector is None or collector.handles
+
+
+def test_real_nvml_gpus_are_on_metrics_when_there_is_a_gpu():
+    collector = gpu_collector()
+    if collector is None:
+        pytest.skip("needs an NVIDIA driver and GPU (runs on the device machine)")
+    text = scrape(collector)
+    for i in range(len(collector.handles)):
+        assert f'latscope_ref_gpu_utilization_percent{{gpu="{i}"}}' in text
+        assert f'latscope_ref_gpu_power_watts{{gpu="{i}"}}' in text

@@ -5,7 +5,9 @@ an aiohttp endpoint that answers with Server-Timing and a replica id, and one th
 HTML error page carrying a script — then the report `latscope run` wrote itself, the report of a run
 whose results carry hostile strings, and the comparison of the two, opened over the DevTools protocol: no JavaScript error, every plot div rendered, every
 string from the scenario or the target shown as text (escaped in the source, no injected element
-or script run in the DOM). Screenshots go to the test's temp dir; with LATSCOPE_UPDATE_DOCS=1 the
+or script run in the DOM); and the "Why the tail" card drawn from the hostile run's own requests.parquet with a
+replica id and a Server-Timing name that are markup (an alert(1) that would fail the test as a dialog). Screenshots
+go to the test's temp dir; with LATSCOPE_UPDATE_DOCS=1 the
 report's goes to docs/report.png (the README's picture).
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Iterator
 
@@ -21,6 +24,7 @@ from aiohttp import web
 
 from browser_cdp import Browser, PLOTS_DONE, chromium_path
 from conftest import REPO, serve, stream_target_process
+from latscope.analysis import explain
 from latscope.report import write_compare, write_report
 from latscope.run import run_scenario
 from latscope.scenario import scenario_from_dict
@@ -147,8 +151,14 @@ def test_report_in_chromium(runs, browser, tmp_path):
     # and the header names it in one line.
     assert {"plot-spectrum", "plot-latency-time", "plot-load-time", "plot-streaming", "plot-serialization",
             "plot-generator"} <= ids, ids
+    # The run explained its own tail (explain.json beside summary.json); 3 s of traffic leave too few requests
+    # above p99 for any cause, and the card says so in words, without a plot (test_why_the_tail_in_chromium draws one).
+    assert json.loads((clean / "explain.json").read_text())["verdict"] == "not_enough_data"
+    why = state["page"].evaluate("document.getElementById('why').innerText")
+    assert "Not enough data to explain the tail" in why and "No cause to draw: too few requests in the tail." in why
     assert all(p["svg"] > 0 and p["traces"] > 0 for p in state["plots"]), state["plots"]
-    assert "gpu" not in state["omitted"] and "Not measured in this run: chat sessions and prefix cache, GPU telemetry." in state["text"]
+    assert "gpu" not in state["omitted"] and ("Not measured in this run: the server's own TTFT and latency, chat sessions and "
+                                              "prefix cache, GPU telemetry.") in state["text"]
     assert state["page"].evaluate("document.querySelector('#gpu, #sessions')") is None
     assert "2 of 3 SLOs met" in state["text"]
     # The target's HTML error page is shown as text.
@@ -194,7 +204,74 @@ def test_compare_in_chromium(runs, browser, tmp_path):
     # Every panel of the report, with both runs (GPU: neither run has telemetry, so the header's line names it).
     assert {"plot-spectrum", "plot-latency-time", "plot-load-time", "plot-streaming", "plot-coldstart",
             "plot-serialization", "plot-generator"} <= ids, ids
+    why = state["page"].evaluate("document.getElementById('why').innerText")
+    assert "base run: Not enough data to explain the tail: " in why and "new run: Not enough data to explain the tail: " in why
     assert all(p["svg"] > 0 and p["traces"] > 0 for p in state["plots"]), state["plots"]
-    assert "gpu" not in state["omitted"] and "Not measured in either run: chat sessions and prefix cache, GPU telemetry." in state["text"]
+    assert "gpu" not in state["omitted"] and ("Not measured in either run: the server's own TTFT and latency, chat sessions and "
+                                              "prefix cache, GPU telemetry.") in state["text"]
     assert "→" in state["text"]  # base → new cells of the delta table
     assert "server.queue" in state["text"] and "send lag" in state["text"]  # the delta table covers every metric
+
+
+# A replica id as a target could send it, and a Server-Timing part name: if either ran, it would raise an
+# alert (a dialog: Page.errors) or set window.__xss.
+ALERT_REPLICA = "<img src=x onerror=alert(1)>"
+SERVER_PART = "<b onmouseover=\"window.__xss='part'\">compute</b>"
+
+
+def _hostile_explanation(run_dir: Path) -> dict:
+    """The run's real explanation (analysis.explain over its requests.parquet) with a slow replica whose id
+    is markup put on top, as `latscope explain` would write it had the target sent that id."""
+    # 3 s of traffic: the tail above p70 holds enough requests to be explained (above p99, too few)
+    doc = explain.explain_run(run_dir, metric="latency", quantile=0.7)
+    assert doc["verdict"] != "not_enough_data" and doc["components"], doc
+    top = {"rank": 1, "kind": "where", "name": f"replica={ALERT_REPLICA}", "label": f"replica {ALERT_REPLICA}",
+           "effect": 0.9, "p_value": 1e-9, "stands_out": True,
+           "evidence": f"90% of the tail was served by {ALERT_REPLICA} ({REPLICA_ID}), against 50% of all requests",
+           "detail": {"column": "replica", "groups": [{"label": ALERT_REPLICA, "tail_share": 0.9, "all_share": 0.5},
+                                                     {"label": REPLICA_ID, "tail_share": 0.1, "all_share": 0.5}]}}
+    doc["causes"] = [top] + [{**c, "rank": c.get("rank", 0) + 1, "stands_out": False} for c in doc["causes"]]
+    doc["verdict"] = "cause"
+    doc["summary"] = f"{doc['summary']} Top cause: replica {ALERT_REPLICA}, then {SERVER_PART}."
+    doc["components"] = doc["components"] + [{"name": f"server.{SERVER_PART}", "label": f"server.{SERVER_PART}",
+                                              "side": "server", "tail_ms": 9.0, "body_ms": 1.0, "share": 0.1}]
+    return doc
+
+
+def test_why_the_tail_in_chromium(runs, browser, tmp_path):
+    """The "Why the tail" card from the hostile run's own records: drawn with no error, its paragraph, bars
+    and the top cause's picture there, and the target's strings in it shown as text, never run."""
+    _, hostile = runs
+    assert (hostile / "requests.parquet").exists()
+    run = tmp_path / "run"
+    shutil.copytree(hostile, run)
+    (run / "explain.json").write_text(json.dumps(_hostile_explanation(run)))
+    write_report(run, tmp_path / "why.html")
+    source = (tmp_path / "why.html").read_text()
+    assert ALERT_REPLICA not in source and SERVER_PART not in source and "<img" not in source
+    state = _check_page(browser, tmp_path / "why.html", tmp_path / "why-page.png")
+    page = state["page"]
+    assert state["errors"] == [] and page.dialogs == [] and state["xss"] is None and state["injected"] == 0
+    why = next(p for p in state["plots"] if p["id"] == "plot-why")
+    assert why["svg"] > 0 and why["traces"] >= 3, why  # the effect bars, and the top cause's two bar series
+    card = page.evaluate("document.getElementById('why').textContent")  # the causes' table too, folded in <details>
+    assert f"Top cause: replica {ALERT_REPLICA}." in card and f"then {SERVER_PART}." in card
+    assert f"90% of the tail was served by {ALERT_REPLICA} ({REPLICA_ID})" in card  # the table, as text
+    ticks = page.evaluate("Array.from(document.querySelectorAll('#plot-why .ytick text, #plot-why .x2tick text'))"
+                          ".map(t => t.textContent)")
+    assert f"replica {ALERT_REPLICA}" in ticks and ALERT_REPLICA in ticks and REPLICA_ID in ticks, ticks
+    # the bars' colours as drawn: the top cause red, the real causes below it grey (the run had no injected cause)
+    fills = page.evaluate("Array.from(document.querySelectorAll('#plot-why .trace.bars')[0].querySelectorAll('path'))"
+                          ".map(p => p.style.fill)")
+    assert fills[-1] == "rgb(214, 39, 40)" and set(fills[:-1]) <= {"rgb(154, 165, 177)"}, fills
+    # hover the top cause's bar: its evidence (the target's strings in it) shows as text in the hover label
+    bars = len(fills)
+    page.evaluate(f"Plotly.Fx.hover('plot-why', [{{curveNumber: 0, pointNumber: {bars - 1}}}], ['xy'])")
+    page.run(page._drain(0.3))
+    hover = page.evaluate("Array.from(document.querySelectorAll('#plot-why .hovertext')).map(h => h.textContent).join(' ')")
+    assert f"90% of the tail was served by {ALERT_REPLICA} ({REPLICA_ID})" in hover, hover
+    assert page.evaluate("document.querySelectorAll('#plot-why b[onmouseover], #plot-why img, #plot-why svg[onload]').length") == 0
+    assert page.dialogs == [] and page.errors == [] and page.evaluate("window.__xss === undefined")
+    shot = page.screenshot_of("#why", tmp_path / "why.png", width=1200, scale=0.8)
+    assert shot.stat().st_size > 20_000
+

@@ -119,13 +119,13 @@ def test_an_old_run_still_renders_and_its_sessions_panel_is_named_in_the_not_mea
     page = report_html(load_run(OLD_RUN))
     assert '<section id="sessions">' not in page  # no card: the header's one line names it, with why
     line = page[page.index('<details class="not-measured"'):page.index("</details>", page.index('<details class="not-measured"'))]
-    assert "<summary>Not measured in this run: chat sessions and prefix cache," in line
+    assert "<summary>Not measured in this run: per-request records (why the tail), the server's own TTFT and latency, chat sessions and prefix cache," in line
     assert "<li><b>chat sessions and prefix cache</b>: This run had no chat sessions and its server reported no prefix-cache hits" in line
     assert "plot-sessions" not in page and 'href="#sessions"' not in page
     assert "could not be drawn" not in page and 'id="plot-spectrum"' in page
     _parse(page)
     page, _ = compare_html(load_run(OLD_RUN), load_run(OLD_RUN))
-    assert "<summary>Not measured in either run: chat sessions and prefix cache," in page
+    assert "<summary>Not measured in either run: per-request records (why the tail), the server's own TTFT and latency, chat sessions and prefix cache," in page
     assert "Neither run had chat sessions or prefix-cache hits" in page and '<section id="sessions">' not in page
     assert "plot-sessions" not in page
 

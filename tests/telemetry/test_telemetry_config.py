@@ -44,7 +44,7 @@ def test_sources_with_shipped_and_inline_mappings(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("telemetry, line, message", [
     ("  prometheus:\n    - {url: 'http://h/metrics', mapping: dgcm}\n", 10,
-     "telemetry.prometheus[0].mapping: expected one of dcgm, triton, reference-server or an inline mapping"),
+     "telemetry.prometheus[0].mapping: expected one of dcgm, triton, reference-server, vllm, sglang, tgi, llama.cpp or an inline mapping"),
     ("  prometheus:\n    - url: http://h/metrics\n      mapping: {a: {metric: x, scal: 2}}\n", 11,
      "telemetry.prometheus[0].mapping: a.scal: Extra inputs are not permitted"),
     ("  nvml: maybe\n", 9, "telemetry.nvml: Input should be 'auto', True or False"),

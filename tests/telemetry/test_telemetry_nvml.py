@@ -141,3 +141,26 @@ def test_a_fake_gpu_is_sampled_on_its_thread_and_written(tmp_path):
     assert 5 <= len(util) <= 12  # 0.5 s at 20 Hz, with room for a slow CI machine
     assert (util.value == 87.0).all() and util.t_s.between(0, 0.6).all() and util.t_s.is_monotonic_increasing
     assert nvml.shutdowns == 1
+
+
+@pytest.mark.skipif(not real_nvml_works(), reason="needs an NVIDIA driver and GPU (runs on the device machine)")
+def test_real_nvml_samples_every_gpu_of_this_host():
+    # The real nvidia-ml-py against a real driver: every GPU named, and each sample carries
+    # utilization, memory in use and power with physically possible values.
+    sampler = open_nvml()
+    try:
+        gpus = sampler.environment()
+        assert gpus and all(g["name"] for g in gpus)
+        time.sleep(0.3)  # GPM metrics are the difference of two samples
+        sampler.sample()
+        time.sleep(0.3)
+        samples = sampler.sample()
+    finally:
+        sampler.close()
+    by_metric: dict[str, list[float]] = {}
+    for device, metric, value in samples:
+        assert device.startswith("gpu")
+        by_metric.setdefault(metric, []).append(value)
+    assert len(by_metric["gpu_util_pct"]) == len(gpus)
+    assert all(0 <= v <= 100 for v in by_metric["gpu_util_pct"])
+    assert all(v > 0 for v in by_metric["mem_used_bytes"]) and all(v > 0 for v in by_metric["power_w"])

@@ -139,6 +139,12 @@ def test_reference_server_metrics_scraped_from_the_real_server(cache, logs):
     rate = second[(replica, "requests_s")]
     assert (n + 1) / (t_after_2 - t_before_1) <= rate <= (n + 1) / (t_before_2 - t_after_1)
     assert not any(d.startswith("gpu") for d, _ in second)  # no GPU on this host: no GPU series
+    # Its histograms, per window: n one-row requests one after another, each its own backend run
+    assert second[(replica, "batch_size")] == 1.0
+    assert 0 < second[(replica, "server_compute_mean_ms")] < 1000
+    queue = [second[(replica, f"server_queue_time_{s}_ms")] for s in ("p50", "p99", "mean")]
+    assert all(0 <= q < 1000 for q in queue) and queue[0] <= queue[1]
+    assert (replica, "server_ttft_p50_ms") not in second  # no generation requests: no TTFT window
 
 
 def test_credentials_in_the_url_are_sent_as_basic_auth():
