@@ -127,8 +127,8 @@ def write_results(rows: int, size_mb: float, m: dict) -> None:
         "| ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |\n"
         f"| {rows:,} | {m['measured']:,} | {m['tested']} | {m['wall_s']:.2f} | {m['cpu_s']:.2f} | {m['peak_rss_mb']:.0f} | "
         f"{m['verdict']} | {m['top']} |\n"
-        f"\nThe box's load average was {os.getloadavg()[0]:.1f} (other work sharing its cores): the wall time counts "
-        "the waiting, the CPU time (user + system of the explain process) does not.\n")
+        f"\nThe box's load average was {os.getloadavg()[0]:.1f} at the start: work sharing its cores shows in the wall time, "
+        "which counts the waiting, not in the CPU time (user + system of the explain process).\n")
     text = RESULTS_MD.read_text() if RESULTS_MD.exists() else "# Benchmark results\n"
     pattern = re.compile(r"## explain \(benchmarks/explain\.py.*?(?=\n## |\Z)", re.S)
     text = pattern.sub(section.rstrip("\n") + "\n", text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + section
