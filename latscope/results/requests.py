@@ -72,7 +72,7 @@ def merge_parts(parts_dir: str | Path, out_path: str | Path, node_of_worker: dic
     schema = request_schema(sorted(server))
     out = Path(out_path)
     tmp = out.with_name(f".{out.name}.tmp")
-    rows = 0
+    rows = pending_rows = 0
     pending: list[pa.RecordBatch] = []
     damaged: list[Path] = []
     try:
@@ -80,9 +80,10 @@ def merge_parts(parts_dir: str | Path, out_path: str | Path, node_of_worker: dic
             for path in files:
                 for batch in _batches(path, damaged):
                     pending.append(_conform(batch, schema, node_of_worker))
-                    if sum(b.num_rows for b in pending) >= ROW_GROUP_ROWS:
+                    pending_rows += batch.num_rows
+                    if pending_rows >= ROW_GROUP_ROWS:
                         rows += _write(writer, pending, schema)
-                        pending = []
+                        pending, pending_rows = [], 0
             if pending:
                 rows += _write(writer, pending, schema)
     except BaseException:

@@ -46,6 +46,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from latscope.targets.echo import serve
 from latscope.targets.stream import prompt_words
@@ -53,6 +54,7 @@ from latscope.targets.stream import prompt_words
 MAX_BODY_BYTES = 1 << 20
 MAX_TOKENS = 10_000
 MODEL = "latscope-causes"
+LABELS = ("model_name", "engine")  # as vLLM labels its series (one engine here)
 BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0)
 
 
@@ -92,26 +94,6 @@ class Job:
     output: int
 
 
-class Histogram:
-    """A Prometheus histogram (seconds) kept as cumulative bucket counts, a sum and a count."""
-
-    def __init__(self) -> None:
-        self.counts, self.sum, self.count = [0] * len(BUCKETS_S), 0.0, 0
-
-    def observe(self, value: float) -> None:
-        for i, bound in enumerate(BUCKETS_S):
-            if value <= bound:
-                self.counts[i] += 1
-        self.sum += value
-        self.count += 1
-
-    def lines(self, name: str, labels: str) -> list[str]:
-        out = [f"# HELP {name} {name.split(':')[1].replace('_', ' ')}.", f"# TYPE {name} histogram"]
-        out += [f'{name}_bucket{{{labels},le="{b}"}} {c}' for b, c in zip(BUCKETS_S, self.counts)]
-        return out + [f'{name}_bucket{{{labels},le="+Inf"}} {self.count}', f"{name}_sum{{{labels}}} {self.sum}",
-                      f"{name}_count{{{labels}}} {self.count}"]
-
-
 class Simulator:
     """The engine in virtual time: replicas' slots, stalls, the prefix cache, and what /metrics shows."""
 
@@ -122,10 +104,19 @@ class Simulator:
         self.next_replica = 0
         self.rng = random.Random(engine.seed)
         self.live: deque[Job] = deque()  # jobs not yet ended, for the gauges (pruned at each scrape)
-        self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "prefix_cache_queries": 0,
-                         "prefix_cache_hits": 0, "request_success": 0, "num_preemptions": 0}
-        self.histograms = {name: Histogram() for name in ("time_to_first_token_seconds", "request_queue_time_seconds",
-                                                           "e2e_request_latency_seconds")}
+        # what /metrics shows, under vLLM's names and labels (prometheus_client writes the exposition)
+        self.registry = CollectorRegistry()
+
+        def metric(kind: type, name: str, **kw: object):  # noqa: ANN202 - the one child (labels) of a metric
+            return kind(f"vllm:{name}", name.replace("_", " "), LABELS, registry=self.registry, **kw).labels(MODEL, "0")
+
+        self.gauges = {name: metric(Gauge, name) for name in ("num_requests_running", "num_requests_waiting",
+                                                               "kv_cache_usage_perc")}
+        self.counters = {name: metric(Counter, name) for name in ("prompt_tokens", "generation_tokens",
+                                                                   "prefix_cache_queries", "prefix_cache_hits",
+                                                                   "request_success", "num_preemptions")}
+        self.histograms = {name: metric(Histogram, name, buckets=BUCKETS_S) for name in (
+            "time_to_first_token_seconds", "request_queue_time_seconds", "e2e_request_latency_seconds")}
 
     def _resume(self, t: float) -> float:
         """`t`, or the end of the stall it falls in."""
@@ -171,15 +162,15 @@ class Simulator:
         slots[slot] = job.end
         self.live.append(job)
         c = self.counters
-        c["prompt_tokens"] += prompt
-        c["prefix_cache_queries"] += prompt
-        c["prefix_cache_hits"] += cached
+        c["prompt_tokens"].inc(prompt)
+        c["prefix_cache_queries"].inc(prompt)
+        c["prefix_cache_hits"].inc(cached)
         return job
 
     def finished(self, job: Job) -> None:
         """Count a request whose answer is written (its histograms' observations)."""
-        self.counters["generation_tokens"] += job.output
-        self.counters["request_success"] += 1
+        self.counters["generation_tokens"].inc(job.output)
+        self.counters["request_success"].inc()
         self.histograms["time_to_first_token_seconds"].observe(job.first - job.arrival)
         self.histograms["request_queue_time_seconds"].observe(job.start - job.arrival)
         self.histograms["e2e_request_latency_seconds"].observe(job.end - job.arrival)
@@ -193,18 +184,10 @@ class Simulator:
         running = [j for j in live if j.start <= now]
         waiting = sum(1 for j in live if j.start > now)
         kv = min(1.0, sum(j.prompt + j.output for j in running) / max(1, self.e.kv_cache_tokens))
-        labels = f'model_name="{MODEL}",engine="0"'
-        gauges = {"num_requests_running": len(running), "num_requests_waiting": waiting, "kv_cache_usage_perc": kv}
-        lines: list[str] = []
-        for name, value in gauges.items():
-            lines += [f"# HELP vllm:{name} {name.replace('_', ' ')}.", f"# TYPE vllm:{name} gauge",
-                      f"vllm:{name}{{{labels}}} {value}"]
-        for name, value in self.counters.items():
-            lines += [f"# HELP vllm:{name}_total {name.replace('_', ' ')}.", f"# TYPE vllm:{name}_total counter",
-                      f"vllm:{name}_total{{{labels}}} {float(value)}"]
-        for name, histogram in self.histograms.items():
-            lines += histogram.lines(f"vllm:{name}", labels)
-        return "\n".join(lines) + "\n"
+        for name, value in (("num_requests_running", len(running)), ("num_requests_waiting", waiting),
+                            ("kv_cache_usage_perc", kv)):
+            self.gauges[name].set(value)
+        return generate_latest(self.registry).decode()
 
 
 def _error(status: int, message: str) -> web.Response:
