@@ -3,7 +3,6 @@ what it escapes; the CLI's report/compare commands and their exit codes."""
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
@@ -19,6 +18,7 @@ import pytest
 from aiohttp import web
 
 from conftest import REPO, free_port, serve
+from report_page import figure_array, page_figures
 from latscope import results
 from latscope.analysis import percentiles
 from latscope.analysis.run_data import load_run
@@ -332,18 +332,6 @@ def _set_validity(run: Path, stamp: str, reasons: list[str]) -> None:
     (run / "summary.json").write_text(json.dumps(summary))
 
 
-def _figures(page: str) -> dict:
-    start = page.index('<script type="application/json" id="latscope-figures">') + len('<script type="application/json" id="latscope-figures">')
-    return json.loads(page[start:page.index("</script>", start)])["figures"]
-
-
-def _array(data) -> np.ndarray:
-    """A figure's data array: a list, or plotly's {"dtype", "bdata"} (base64) for a numpy one."""
-    if isinstance(data, dict):
-        return np.frombuffer(base64.b64decode(data["bdata"]), dtype=data["dtype"])
-    return np.asarray(data, float)
-
-
 def _names(figure: dict) -> set[str]:
     return {t.get("name") for t in figure["data"]}
 
@@ -352,8 +340,8 @@ def test_compare_draws_every_report_panel_with_both_runs(compare_runs, tmp_path)
     base, new = compare_runs
     html_path, _ = write_compare(base, new, tmp_path / "c.html", cdn=True)
     page = html_path.read_text()
-    figures = _figures(page)
-    report_panels = set(_figures((base / "report.html").read_text())) | {"plot-gpu"}  # base's own report predates its telemetry
+    figures = page_figures(page)
+    report_panels = set(page_figures((base / "report.html").read_text())) | {"plot-gpu"}  # base's own report predates its telemetry
     assert report_panels - {"plot-streaming"} <= set(figures), set(figures)  # no stream in these runs
     assert {"all (base)", "a (base)", "all (new)", "b (new)"} <= _names(figures["plot-spectrum"])
     assert {"p50 (base)", "p99.9 (base)", "p50 (new)", "p99.9 (new)"} <= _names(figures["plot-latency-time"])
@@ -362,7 +350,7 @@ def test_compare_draws_every_report_panel_with_both_runs(compare_runs, tmp_path)
     # The GPU lanes of both runs: the new run's samples are 20 above the base's at the same time.
     power = {t["name"]: t for t in figures["plot-gpu"]["data"] if t["yaxis"] == "y2"}
     assert power.keys() == {"nvml 0 (base)", "nvml 0 (new)"} and power["nvml 0 (base)"]["line"]["dash"] == "dash"
-    assert np.allclose(_array(power["nvml 0 (new)"]["y"]) - _array(power["nvml 0 (base)"]["y"]), 20)
+    assert np.allclose(figure_array(power["nvml 0 (new)"]["y"]) - figure_array(power["nvml 0 (base)"]["y"]), 20)
     assert {"send lag p99 (base)", "send lag p99 (new)", "CPU worker-0 (base)", "CPU worker-0 (new)",
             "CPU whole machine (base)", "CPU whole machine (new)"} <= _names(figures["plot-generator"])
     # Cold starts: the new run's one capacity change (the first request after its idle phase) drawn and

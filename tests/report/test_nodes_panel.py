@@ -6,7 +6,6 @@ its page must not change), and the compare page with machines on one side only."
 
 from __future__ import annotations
 
-import base64
 import json
 import shutil
 from html.parser import HTMLParser
@@ -17,6 +16,7 @@ import pandas as pd
 import pytest
 
 from conftest import REPO
+from report_page import figure_array, page_figures, panel_section
 from latscope import results
 from latscope.analysis import percentiles
 from latscope.analysis.run_data import load_run
@@ -71,22 +71,8 @@ def _distributed(tmp_path: Path, name: str = "dist", summary_nodes: bool = True)
     return run
 
 
-def _section(page: str, sid: str = "generator") -> str:
-    start = page.index(f'<section id="{sid}">')
-    return page[start:page.index("</section>", start) + len("</section>")]
-
-
 def _traces(page: str) -> dict[str, dict]:
-    marker = '<script type="application/json" id="latscope-figures">'
-    start = page.index(marker) + len(marker)
-    figures_ = json.loads(page[start:page.index("</script>", start)])["figures"]
-    return {t["name"]: t for t in figures_["plot-generator"]["data"]}
-
-
-def _array(data) -> np.ndarray:
-    if isinstance(data, dict):
-        return np.frombuffer(base64.b64decode(data["bdata"]), dtype=data["dtype"]).astype(float)
-    return np.asarray([np.nan if v is None else v for v in data], float)
+    return {t["name"]: t for t in page_figures(page)["plot-generator"]["data"]}
 
 
 def _tags(page: str) -> list[tuple[str, dict]]:
@@ -106,7 +92,7 @@ def _tags(page: str) -> list[tuple[str, dict]]:
 
 def test_the_panel_shows_each_machine_and_the_lost_one_stands_out(tmp_path):
     page = report_html(load_run(_distributed(tmp_path)))
-    section = _section(page)
+    section = panel_section(page, "generator")
     # the table: each machine's host (escaped), engines, status in words, clock offset ± bound, drift, requests, lags, CPU
     assert ('<tr><td>0</td><td class=host>box-a</td><td class=n>2</td><td class="status">ok</td><td class=n>+0.010 ± 0.200</td><td class=n>+1.5</td>'
             "<td class=n>12</td><td class=n>12</td><td class=n>0</td><td class=n>0.300</td><td class=n>0.500</td>"
@@ -130,17 +116,17 @@ def test_the_panel_shows_each_machine_and_the_lost_one_stands_out(tmp_path):
 def test_each_machine_has_its_send_lag_and_cpu_lines_and_a_cross_where_it_was_lost(tmp_path):
     traces = _traces(report_html(load_run(_distributed(tmp_path))))
     a, b = traces["machine 0 box-a send lag p99"], traces[f"machine 1 {HOST_B_ESCAPED} send lag p99"]
-    np.testing.assert_allclose(_array(a["x"]), np.arange(9) + 0.5)
-    np.testing.assert_allclose(_array(a["y"]), SEND_LAG_A, rtol=1e-6)
-    np.testing.assert_allclose(_array(b["y"])[:4], SEND_LAG_B, rtol=1e-6)
-    assert np.isnan(_array(b["y"])[4])  # nothing after the machine was lost
+    np.testing.assert_allclose(figure_array(a["x"]), np.arange(9) + 0.5)
+    np.testing.assert_allclose(figure_array(a["y"]), SEND_LAG_A, rtol=1e-6)
+    np.testing.assert_allclose(figure_array(b["y"])[:4], SEND_LAG_B, rtol=1e-6)
+    assert np.isnan(figure_array(b["y"])[4])  # nothing after the machine was lost
     assert a["yaxis"] == b["yaxis"] == "y"  # the lag row, with the run-wide lines
     assert {"send lag p99", "event-loop lag p99"} <= set(traces)
     cpu_a, cpu_b = traces["machine 0 box-a CPU"], traces[f"machine 1 {HOST_B_ESCAPED} CPU"]
     assert cpu_a["yaxis"] == cpu_b["yaxis"] == "y2"  # a CPU row, though this run has no host telemetry
-    np.testing.assert_allclose(_array(cpu_a["y"]), 40.0 + np.arange(9), rtol=1e-6)
+    np.testing.assert_allclose(figure_array(cpu_a["y"]), 40.0 + np.arange(9), rtol=1e-6)
     cross = traces[f"machine 1 {HOST_B_ESCAPED} lost at 4.2 s"]
-    assert list(_array(cross["x"])) == [4.2] and _array(cross["y"])[0] == pytest.approx(0.7)
+    assert list(figure_array(cross["x"])) == [4.2] and figure_array(cross["y"])[0] == pytest.approx(0.7)
     assert all("<" not in name for name in traces)
 
 
@@ -152,7 +138,7 @@ def test_summary_md_names_the_machines_and_the_lost_one(tmp_path):
 
 
 def test_without_generator_nodes_in_the_summary_the_table_comes_from_nodes_parquet(tmp_path):
-    section = _section(report_html(load_run(_distributed(tmp_path, summary_nodes=False))))
+    section = panel_section(report_html(load_run(_distributed(tmp_path, summary_nodes=False))), "generator")
     assert '<tr><td>0</td><td class=host>box-a</td><td class=n>–</td><td class="status">ok</td>' in section
     assert f'<tr class="bad"><td>1</td><td class=host>{HOST_B_ESCAPED}</td><td class=n>–</td><td class="status worse"><b>lost</b></td>' in section
     assert "<td class=n>18</td><td class=n>18</td><td class=n>0</td>" in section  # machine 0's requests, summed
@@ -177,7 +163,7 @@ def test_a_run_on_one_machine_renders_as_before():
     assert (after.title, after.lead, after.note, after.html) == (before.title, before.lead, before.note, before.html)
     assert after.figure.to_json() == before.figure.to_json()
     page = report_html(run)
-    assert 'class="nodes"' not in page and "Clock offset" not in _section(page)
+    assert 'class="nodes"' not in page and "Clock offset" not in panel_section(page, "generator")
     assert "<tr><th>generator</th><td>1 worker process(es), 1.0 s intervals</td></tr>" in page
     assert "Generator:" not in summary_markdown(run.summary)
 
@@ -185,7 +171,7 @@ def test_a_run_on_one_machine_renders_as_before():
 def test_compare_with_machines_on_one_side_only(tmp_path):
     dist = _distributed(tmp_path)
     page, _ = compare_html(load_run(OLD_RUN), load_run(dist))
-    section = _section(page)
+    section = panel_section(page, "generator")
     assert "<h3>new run: 2 machines, 4 engines (Locust master/worker)</h3>" in section and "<h3>base run" not in section
     assert "The base run ran on one machine." in section
     assert f'<p class="warning"><b>new run:</b> <b>Machine 1 ({HOST_B_ESCAPED}) lost at 4.2 s' in section
@@ -194,10 +180,10 @@ def test_compare_with_machines_on_one_side_only(tmp_path):
     assert "send lag p99 (base)" in traces and not any(n.startswith("machine") and n.endswith("(base)") for n in traces)
     # both sides distributed: the base run's machines dashed, a table each
     page, _ = compare_html(load_run(dist), load_run(dist))
-    section = _section(page)
+    section = panel_section(page, "generator")
     assert "<h3>base run: 2 machines" in section and "<h3>new run: 2 machines" in section
     assert _traces(page)["machine 0 box-a send lag p99 (base)"]["line"]["dash"] == "dash"
     assert "ran on one machine" not in section
     # and the other way round: the base run distributed, the new one not
     page, _ = compare_html(load_run(dist), load_run(OLD_RUN))
-    assert "The new run ran on one machine." in _section(page) and "could not be drawn" not in page
+    assert "The new run ran on one machine." in panel_section(page, "generator") and "could not be drawn" not in page

@@ -7,7 +7,6 @@ data read back, and once in a headless Chromium when one is installed."""
 
 from __future__ import annotations
 
-import base64
 import json
 import shutil
 from html.parser import HTMLParser
@@ -19,6 +18,7 @@ import pytest
 
 from chat_server import make_chat_app
 from conftest import REPO, serve
+from report_page import figure_array, page_figures, panel_section
 from latscope.analysis.run_data import load_run
 from latscope.report.compare import compare_html
 from latscope.report.html import report_html
@@ -30,26 +30,8 @@ OLD_RUN = REPO / "tests" / "data" / "run_f16f211"
 HOSTILE = "<img src=x onerror=\"window.__xss=1\">&amp;"
 
 
-def _section(page: str, sid: str = "sessions") -> str:
-    start = page.index(f'<section id="{sid}">')
-    return page[start:page.index("</section>", start) + len("</section>")]
-
-
-def _figures(page: str) -> dict:
-    marker = '<script type="application/json" id="latscope-figures">'
-    start = page.index(marker) + len(marker)
-    return json.loads(page[start:page.index("</script>", start)])["figures"]
-
-
-def _array(data) -> np.ndarray:
-    """A figure's data array: a list, or plotly's {"dtype", "bdata"} (base64) for a numpy one."""
-    if isinstance(data, dict):
-        return np.frombuffer(base64.b64decode(data["bdata"]), dtype=data["dtype"]).astype(float)
-    return np.asarray([np.nan if v is None else v for v in data], float)
-
-
 def _traces(page: str) -> dict[str, dict]:
-    return {t["name"]: t for t in _figures(page)["plot-sessions"]["data"]}
+    return {t["name"]: t for t in page_figures(page)["plot-sessions"]["data"]}
 
 
 class _Checker(HTMLParser):
@@ -87,7 +69,7 @@ def _edit_summary(run: Path, edit) -> None:
 
 def test_sample_run_report_shows_sessions_turns_hit_rate_and_timeline():
     page = report_html(load_run(SESSIONS_RUN))
-    section = _section(page)
+    section = panel_section(page, "sessions")
     tags = _parse(section).tags
     assert ("div", {"class": "plot", "id": "plot-sessions"}) in tags and 'href="#sessions"' in page
     # the table: started / completed / abandoned / cut / turns not sent / session p50, p99 / hit rate
@@ -103,14 +85,14 @@ def test_sample_run_report_shows_sessions_turns_hit_rate_and_timeline():
 
     traces = _traces(page)
     p50, p99 = traces["chat TTFT p50"], traces["chat TTFT p99"]
-    assert list(_array(p50["x"])) == [1, 2, 3, 4]
-    np.testing.assert_allclose(_array(p50["y"]), [36.671, 10.639, 8.399, 7.783], rtol=1e-6)
-    np.testing.assert_allclose(_array(p99["y"]), [58.079, 17.631, 11.047, 15.527], rtol=1e-6)
+    assert list(figure_array(p50["x"])) == [1, 2, 3, 4]
+    np.testing.assert_allclose(figure_array(p50["y"]), [36.671, 10.639, 8.399, 7.783], rtol=1e-6)
+    np.testing.assert_allclose(figure_array(p99["y"]), [58.079, 17.631, 11.047, 15.527], rtol=1e-6)
     hit = traces["chat hit rate (all turns 70.2%)"]
-    np.testing.assert_allclose(_array(hit["y"]), [0.0, 93.6015, 93.6015, 93.6015], rtol=1e-6)
+    np.testing.assert_allclose(figure_array(hit["y"]), [0.0, 93.6015, 93.6015, 93.6015], rtol=1e-6)
     progress = traces["chat in progress"]
-    assert list(_array(progress["x"])) == [0, 1, 2, 3, 4, 5, 6, 7]
-    assert list(_array(progress["y"])) == [0, 4, 2, 3, 2, 2, 1, 0]
+    assert list(figure_array(progress["x"])) == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert list(figure_array(progress["y"])) == [0, 4, 2, 3, 2, 2, 1, 0]
     assert not any("abandoned" in name or "cut" in name for name in traces)
     assert all(t.get("line", {}).get("dash") is None for t in traces.values())  # one run: nothing dashed
 
@@ -148,21 +130,21 @@ def test_compare_draws_the_base_run_dashed_and_the_new_one_solid(tmp_path):
     ts.to_parquet(base / "timeseries.parquet", index=False)
 
     page, _ = compare_html(load_run(base), load_run(SESSIONS_RUN))
-    section = _section(page)
+    section = panel_section(page, "sessions")
     assert "Sessions and prefix cache: base (dashed) vs new (solid)" in section
     assert "<tr><td><b>base</b></td><td>chat</td><td class=n>5</td><td class=n>4</td><td class=n>1</td>" in section
     assert "<tr><td><b>new</b></td><td>chat</td><td class=n>5</td><td class=n>5</td><td class=n>0</td>" in section
     traces = _traces(page)
     assert traces["chat TTFT p50 (base)"]["line"]["dash"] == "dash"
     assert traces["chat TTFT p50 (new)"]["line"].get("dash") is None
-    assert list(_array(traces["chat TTFT p50 (base)"]["y"])) == [100.0] * 4
+    assert list(figure_array(traces["chat TTFT p50 (base)"]["y"])) == [100.0] * 4
     assert traces["chat in progress (base)"]["line"]["dash"] == "dash"
-    assert list(_array(traces["abandoned per interval (base)"]["y"])) == [0, 0, 0, 0, 0, 1, 0]
+    assert list(figure_array(traces["abandoned per interval (base)"]["y"])) == [0, 0, 0, 0, 0, 1, 0]
     assert "abandoned per interval (new)" not in traces
 
     # a base run without sessions: only the new run's lines, and the note says why
     page, _ = compare_html(load_run(OLD_RUN), load_run(SESSIONS_RUN))
-    section = _section(page)
+    section = panel_section(page, "sessions")
     assert "The base run had no chat sessions, so only the new run's are here." in section
     assert all(name.endswith("(new)") for name in _traces(page))
 
@@ -177,10 +159,10 @@ def test_a_closed_loop_run_says_so_in_the_header_and_the_panel(tmp_path):
     statement = ("<p class=\"warning\"><b>Load model: closed, 3 users.</b> closed loop: the offered load follows the server "
                  "&lt;b&gt;read throughput&lt;/b&gt;</p>")
     header = page[page.index("<header>"):page.index("</header>")]
-    assert statement in header and statement in _section(page)
+    assert statement in header and statement in panel_section(page, "sessions")
     page, _ = compare_html(load_run(SESSIONS_RUN), load_run(run))
-    assert "<p class=\"warning\"><b>new run</b> <b>Load model: closed, 3 users.</b>" in _section(page)
-    assert "<b>base run</b>" not in _section(page)  # the base run was open loop
+    assert "<p class=\"warning\"><b>new run</b> <b>Load model: closed, 3 users.</b>" in panel_section(page, "sessions")
+    assert "<b>base run</b>" not in panel_section(page, "sessions")  # the base run was open loop
 
 
 def test_class_names_from_the_scenario_are_escaped_everywhere_in_the_panel(tmp_path):
@@ -193,7 +175,7 @@ def test_class_names_from_the_scenario_are_escaped_everywhere_in_the_panel(tmp_p
     ts["class"] = ts["class"].astype(object).replace({"chat": HOSTILE})
     ts.to_parquet(run / "timeseries.parquet", index=False)
     page = report_html(load_run(run))
-    section = _section(page)
+    section = panel_section(page, "sessions")
     escaped = "&lt;img src=x onerror=\"window.__xss=1\"&gt;&amp;amp;"
     assert f"<td>{escaped}</td><td class=n>5</td>" in section and f"<td>{escaped}</td><td class=n>4</td>" in section
     assert "<img" not in page and not [t for t in _parse(page).tags if t[0] == "img" or "onerror" in t[1]]
@@ -214,7 +196,7 @@ def test_a_run_without_sessions_shows_the_servers_prefix_cache_as_a_table(tmp_pa
 
     _edit_summary(run, cached)
     page = report_html(load_run(run))
-    section = _section(page)
+    section = panel_section(page, "sessions")
     assert "plot-sessions" not in page and "No chat sessions in this run; the server reported cached prompt tokens" in section
     assert "<tr><td>chat</td><td class=n>1,000</td><td class=n>450</td><td class=n>45.0%</td></tr>" in section
     assert "<tr><td>health</td><td class=n>0</td><td class=n>0</td><td class=n>not reported</td></tr>" in section
@@ -247,19 +229,19 @@ def test_a_real_closed_loop_run_reports_its_sessions(closed_loop_run):
     assert summary["load"]["model"] == "closed" and chat["started"] > 10
     header = page[page.index("<header>"):page.index("</header>")]
     assert "<b>Load model: closed, 2 users.</b> closed loop:" in header and "coordinated omission" in header
-    section = _section(page)
+    section = panel_section(page, "sessions")
     assert (f"<tr><td>chat</td><td class=n>{chat['started']:,}</td><td class=n>{chat['completed']:,}</td>"
             f"<td class=n>{chat['abandoned']:,}</td><td class=n>{chat['cut']:,}</td><td class=n>{chat['turns_not_sent']:,}</td>") in section
     assert f"{chat['prefix_cache']['hit_rate'] * 100:.1f}%" in section
     traces = _traces(page)
     assert {"chat TTFT p50", "chat TTFT p99", "chat in progress"} <= set(traces)
-    assert list(_array(traces["chat TTFT p50"]["x"])) == [1, 2, 3]
-    np.testing.assert_allclose(_array(traces["chat TTFT p50"]["y"]),
+    assert list(figure_array(traces["chat TTFT p50"]["x"])) == [1, 2, 3]
+    np.testing.assert_allclose(figure_array(traces["chat TTFT p50"]["y"]),
                                [chat["by_turn"][t]["ttft"]["p50_ms"] for t in ("1", "2", "3")], rtol=1e-6)
     # every session that started ended (completed, or cut when the run ended): none left in progress
-    assert _array(traces["chat in progress"]["y"])[-1] == 0
+    assert figure_array(traces["chat in progress"]["y"])[-1] == 0
     if chat["cut"]:
-        assert _array(traces["cut per interval"]["y"]).sum() == chat["cut"]
+        assert figure_array(traces["cut per interval"]["y"]).sum() == chat["cut"]
 
 
 def test_the_panel_renders_in_chromium(tmp_path):

@@ -6,7 +6,6 @@ page parsed, its figure's data read back. The browser test (test_browser.py) ope
 
 from __future__ import annotations
 
-import base64
 import json
 import shutil
 import subprocess
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
+from report_page import figure_array, page_figures, panel_section
 from latscope.analysis.run_data import load_run
 from latscope.errors import ResultsError
 from latscope.report.compare import compare_html
@@ -63,23 +63,6 @@ def _run(tmp_path: Path, explain: dict | None, name: str = "run") -> Path:
     return run
 
 
-def _section(page: str, sid: str = "why") -> str:
-    start = page.index(f'<section id="{sid}">')
-    return page[start:page.index("</section>", start) + len("</section>")]
-
-
-def _figure(page: str) -> dict:
-    marker = '<script type="application/json" id="latscope-figures">'
-    start = page.index(marker) + len(marker)
-    return json.loads(page[start:page.index("</script>", start)])["figures"]["plot-why"]
-
-
-def _array(data) -> np.ndarray:
-    if isinstance(data, dict):  # plotly's base64 form of a numpy array
-        return np.frombuffer(base64.b64decode(data["bdata"]), dtype=data["dtype"]).astype(float)
-    return np.asarray(data, float)
-
-
 class _Tags(HTMLParser):
     def __init__(self) -> None:
         super().__init__()
@@ -103,7 +86,7 @@ def _not_measured(page: str) -> str:
 
 def test_the_panel_leads_the_report_with_the_paragraph_the_ranked_causes_and_the_top_causes_picture(tmp_path):
     page = report_html(load_run(_run(tmp_path, explanation())))
-    section = _section(page)
+    section = panel_section(page, "why")
     # the first card after the summary tables, and the first link of the header's nav
     assert page.index('<section id="why">') < page.index('<section id="spectrum">')
     assert page.index('href="#why"') < page.index('href="#spectrum"')
@@ -116,20 +99,20 @@ def test_the_panel_leads_the_report_with_the_paragraph_the_ranked_causes_and_the
             "requests</td></tr>") in section
     assert ('<tr class=""><td class=n>3</td><td>the generator</td><td>the load generator itself</td><td class=n>0.02</td>'
             "<td class=n>6.0e-01</td><td>no</td>") in section
-    figure = _figure(page)
+    figure = page_figures(page)["plot-why"]
     bars, everyone, tail = figure["data"]
     # effect bars in explain's rank order, the first on top (plotly draws the first category at the bottom),
     # red only where a cause stands out; its evidence on hover
     assert bars["orientation"] == "h"
     assert bars["y"] == ["the load generator itself", "bursts (1 s window)", "replica replica-b"]
-    np.testing.assert_allclose(_array(bars["x"]), [0.02, 0.11, 0.84], rtol=1e-6)
+    np.testing.assert_allclose(figure_array(bars["x"]), [0.02, 0.11, 0.84], rtol=1e-6)
     assert bars["marker"]["color"] == ["#9aa5b1", "#9aa5b1", "#d62728"]
     assert bars["customdata"][-1] == "88% of tail requests were served by replica-b against 25% of all requests"
     # the top cause's picture: each replica's share of the tail against its share of all requests
     assert everyone["name"] == "share of all requests" and tail["name"] == "share of the tail"
     assert everyone["x"] == tail["x"] == ["replica-b", "replica-a"]
-    np.testing.assert_allclose(_array(tail["y"]), [0.88, 0.12], rtol=1e-6)
-    np.testing.assert_allclose(_array(everyone["y"]), [0.25, 0.75], rtol=1e-6)
+    np.testing.assert_allclose(figure_array(tail["y"]), [0.88, 0.12], rtol=1e-6)
+    np.testing.assert_allclose(figure_array(everyone["y"]), [0.25, 0.75], rtol=1e-6)
     titles = [a["text"] for a in figure["layout"]["annotations"]]
     assert titles == ["causes, by effect",
                       "top cause: replica replica-b<br>its share of the tail (red) and of all requests (blue)"]
@@ -138,16 +121,16 @@ def test_the_panel_leads_the_report_with_the_paragraph_the_ranked_causes_and_the
 def test_nothing_stands_out_is_said_plainly_and_the_picture_is_where_the_time_went(tmp_path):
     clean = explanation(verdict="nothing_stands_out")
     page = report_html(load_run(_run(tmp_path, clean)))
-    section = _section(page)
+    section = panel_section(page, "why")
     assert '<p class="why"><b class="good">Nothing stands out.</b> p99 latency is 181.5 ms' in section
     assert '<tr class="bad">' not in section and "Top cause" not in section.split("</p>")[0].split("</b>")[0]
-    figure = _figure(page)
+    figure = page_figures(page)["plot-why"]
     bars, body, tail = figure["data"]
     assert set(bars["marker"]["color"]) == {"#9aa5b1"}  # every bar grey: no cause named
     # no top cause: the second plot is the components, tail against body (the ones with any time)
     assert body["x"] == tail["x"] == ["client send lag", "server.compute"]
-    np.testing.assert_allclose(_array(tail["y"]), [0.2, 180.0], rtol=1e-6)
-    np.testing.assert_allclose(_array(body["y"]), [0.1, 5.0], rtol=1e-6)
+    np.testing.assert_allclose(figure_array(tail["y"]), [0.2, 180.0], rtol=1e-6)
+    np.testing.assert_allclose(figure_array(body["y"]), [0.1, 5.0], rtol=1e-6)
     assert [a["text"] for a in figure["layout"]["annotations"]] == ["causes, by effect",
         "where the tail's extra time went<br>mean in the tail (red) and in the body (blue)"]
 
@@ -157,7 +140,7 @@ def test_not_enough_data_says_so_without_a_plot(tmp_path):
            "reason": "40 measured requests with a latency: the tail above p99 needs at least 10 (about 1,000 requests)",
            "summary": "Not enough data to explain the tail: 40 measured requests.", "components": [], "causes": []}
     page = report_html(load_run(_run(tmp_path, doc)))
-    section = _section(page)
+    section = panel_section(page, "why")
     assert '<p class="why">Not enough data to explain the tail: 40 measured requests.</p>' in section
     assert "No cause to draw: too few requests in the tail." in section and "plot-why" not in page
 
@@ -178,13 +161,13 @@ def test_target_strings_in_the_explanation_are_escaped_everywhere(tmp_path):
     hostile["metric"] = HOSTILE
     hostile["components"][1]["label"] = f"server.{HOSTILE}"
     page = report_html(load_run(_run(tmp_path, hostile)))
-    section = _section(page)
+    section = panel_section(page, "why")
     assert HOSTILE not in page and "<img" not in page
     assert not [t for t in _tags(page) if t[0] == "img" or "onerror" in t[1]]
     assert f"Top cause: replica {ESCAPED}.</b>" in section and f"<td>replica {ESCAPED}</td>" in section
     assert f"served by {ESCAPED} against" in section
     assert f"{ESCAPED.replace('_', ' ')} above its p99" in section  # the metric's name in words: "service_time", "service time"
-    figure = _figure(page)
+    figure = page_figures(page)["plot-why"]
     assert figure["data"][0]["y"][-1] == f"replica {ESCAPED}" and figure["data"][1]["x"][0] == ESCAPED
     assert figure["data"][0]["customdata"][-1].startswith(f"88% of tail requests were served by {ESCAPED}")
     assert figure["layout"]["annotations"][1]["text"].startswith(f"top cause: replica {ESCAPED}<br>")
@@ -194,17 +177,17 @@ def test_compare_shows_both_runs_explanations(tmp_path):
     base = _run(tmp_path, explanation(verdict="nothing_stands_out"), "base")
     new = _run(tmp_path, explanation(), "new")
     page, _ = compare_html(load_run(base), load_run(new))
-    section = _section(page)
+    section = panel_section(page, "why")
     assert "Why the tail: base vs new" in section
     assert '<p class="why"><b>base run</b>: <b class="good">Nothing stands out.</b>' in section
     assert '<p class="why"><b>new run</b>: <b class="bad">Top cause: replica replica-b.</b>' in section
-    figure = _figure(page)
+    figure = page_figures(page)["plot-why"]
     assert [t["name"] for t in figure["data"][:2]] == ["base run", "new run"]
     assert figure["data"][1]["marker"]["color"][-1] == "#d62728" and "#d62728" not in figure["data"][0]["marker"]["color"]
     assert "<td><b>base</b></td><td class=n>1</td>" in section and "<td><b>new</b></td><td class=n>1</td>" in section
     # a base run without records: the new run's explanation alone, and a line that says why
     page, _ = compare_html(load_run(OLD_RUN), load_run(new))
-    assert "The base run kept no per-request records." in _section(page)
+    assert "The base run kept no per-request records." in panel_section(page, "why")
 
 
 def test_a_damaged_explain_json_is_exit_2_naming_it(tmp_path):
@@ -228,11 +211,11 @@ def test_an_edited_explain_json_with_odd_values_still_draws(tmp_path):
     run = _run(tmp_path, None)
     (run / "explain.json").write_text(json.dumps(odd))
     page = report_html(load_run(run))
-    section = _section(page)
+    section = panel_section(page, "why")
     assert "could not be drawn" not in section
     assert "<b class=\"bad\">Top cause: {'a': 1}.</b> 5</p>" in section and "<td>replica=r1</td>" in section
-    bars = _figure(page)["data"][0]
-    np.testing.assert_allclose(_array(bars["x"]), [2.0, 0.0], rtol=1e-6)  # as written (the bar is clipped by the axis), and 0
+    bars = page_figures(page)["plot-why"]["data"][0]
+    np.testing.assert_allclose(figure_array(bars["x"]), [2.0, 0.0], rtol=1e-6)  # as written (the bar is clipped by the axis), and 0
 
 
 def test_the_top_causes_picture_for_time_and_for_a_server_signal(tmp_path):
@@ -241,11 +224,11 @@ def test_the_top_causes_picture_for_time_and_for_a_server_signal(tmp_path):
                   "detail": {"bin_s": 0.5, "bins_s": [0.0, 0.5, 1.0, 1.5], "tail": [0, 9, 0, 1], "all": [100, 100, 100, 100],
                              "hot_s": [[0.5, 1.0]]}}
     doc = {**explanation(), "causes": [time_cause]}
-    figure = _figure(report_html(load_run(_run(tmp_path, doc, "time"))))
+    figure = page_figures(report_html(load_run(_run(tmp_path, doc, "time"))))["plot-why"]
     share = figure["data"][1]
     # the tail's share of each bin's requests, bars centred in their bins; dashed: the whole run's 10 / 400
-    np.testing.assert_allclose(_array(share["x"]), [0.25, 0.75, 1.25, 1.75], rtol=1e-6)
-    np.testing.assert_allclose(_array(share["y"]), [0.0, 0.09, 0.0, 0.01], rtol=1e-6)
+    np.testing.assert_allclose(figure_array(share["x"]), [0.25, 0.75, 1.25, 1.75], rtol=1e-6)
+    np.testing.assert_allclose(figure_array(share["y"]), [0.0, 0.09, 0.0, 0.01], rtol=1e-6)
     shapes = figure["layout"]["shapes"]
     assert [(s["x0"], s["x1"]) for s in shapes if s["type"] == "rect"] == [(0.5, 1.0)]  # the hot stretch, shaded
     assert [s["y0"] for s in shapes if s["type"] == "line"] == [0.025]
@@ -256,9 +239,9 @@ def test_the_top_causes_picture_for_time_and_for_a_server_signal(tmp_path):
               "detail": {"signal": "queue_depth", "tail": {"p10": 5, "p25": 6, "p50": 8, "p75": 9, "p90": 12},
                          "body": {"p10": 0, "p25": 0, "p50": 1, "p75": 1, "p90": 2}}}
     doc = {**explanation(), "causes": [signal]}
-    figure = _figure(report_html(load_run(_run(tmp_path, doc, "signal"))))
+    figure = page_figures(report_html(load_run(_run(tmp_path, doc, "signal"))))["plot-why"]
     body, tail = figure["data"][1:]
     assert body["x"] == tail["x"] == ["p10", "p25", "p50", "p75", "p90"]
-    np.testing.assert_allclose(_array(tail["y"]), [5, 6, 8, 9, 12])
-    np.testing.assert_allclose(_array(body["y"]), [0, 0, 1, 1, 2])
+    np.testing.assert_allclose(figure_array(tail["y"]), [5, 6, 8, 9, 12])
+    np.testing.assert_allclose(figure_array(body["y"]), [0, 0, 1, 1, 2])
     assert figure["layout"]["yaxis2"]["title"]["text"] == "queue_depth"
