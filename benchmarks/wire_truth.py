@@ -1,8 +1,8 @@
 """How exact latscope's timings are, request by request, against the packets on the wire; and how far
 NVIDIA aiperf (and guidellm, where it runs) sit from the same wire, same server, same sitting.
 
-    python benchmarks/wire_truth.py [--requests 300] [--rate 20] [--no-peers] [--no-results-md]
-    # ~35 s with --no-peers, ~100 s with aiperf and guidellm
+    python benchmarks/wire_truth.py [--requests 300] [--rate 20] [--no-peers] [--no-results-md] [--typed P,P]
+    # ~70 s with --no-peers, ~135 s with aiperf and guidellm (--typed '': ~35 s less)
 
 Needs tcpdump and root or CAP_NET_RAW (it says so and skips otherwise). One `latscope.targets.stream`
 on 127.0.0.1 (first token 20 ms after it read the request, then one every 10 ms, one SSE event per
@@ -19,7 +19,8 @@ request at a time per connection) and each instant is the capture time of one pa
                      and the body apart)
     t_first_byte     the packet holding the response's first byte
     t_content[i]     the packet holding the last byte of the i-th SSE event with text (choices[0].text
-                     or choices[0].delta.content non-empty)
+                     or choices[0].delta.content non-empty; a Responses API text delta; a Messages API
+                     content_block_delta with text, thinking or partial_json: carries_text)
     t_last           the packet holding the response's last byte (the chunked `0\\r\\n\\r\\n`, or the
                      last byte of a Content-Length body)
 
@@ -45,6 +46,11 @@ capture, so each TTFT offset splits exactly into three parts:
 
 The stream target stamps each token's `t_ns` (perf_counter_ns) just before its write, so
 t_content − R − t_ns (server write → packet) checks R: it must be small and positive.
+
+The typed-event protocols (`--typed`, both by default: openai-responses, anthropic-messages) are measured
+streaming too, the same way, against the test suite's events server (tests/protocols/events_server.py,
+aiohttp, as a process on the server's CPU: the same first token 20 ms after the request, one every 10 ms,
+32 text deltas, each event written on its own with its `t_ns`), each with its API's own body.
 
 Acceptance bar: latscope's p50 and p99 of TTFT and e2e (ttfb and e2e for non-streaming) within
 0.5 ms + 2 % of the wire's, and its ITL p50 within 0.2 ms of the wire's.
@@ -101,6 +107,9 @@ from latscope.request_ids import request_row  # noqa: E402
 from latscope.scenario import Scenario, scenario_from_dict  # noqa: E402
 
 SECTION_TITLE = "## measured against the wire (benchmarks/wire_truth.py)"
+# The typed-event protocols (OpenAI Responses, Anthropic Messages), streamed by the test suite's events server
+TYPED_PROTOCOLS = ("openai-responses", "anthropic-messages")
+EVENTS_SERVER = REPO / "tests" / "protocols" / "events_server.py"
 PACKAGES = ("latscope", "uvloop", "httptools", "numpy")
 WARMUP = 20
 PROMPT_TOKENS, OUTPUT_TOKENS, TTFT_MS, ITL_MS = 64, 32, 20, 10
@@ -316,6 +325,24 @@ def dechunk(data: bytes, pos: int) -> tuple[bytes, list[tuple[int, int]], int] |
     return None
 
 
+RESPONSES_DELTAS = ("response.output_text.delta", "response.refusal.delta", "response.function_call_arguments.delta",
+                    "response.reasoning_text.delta", "response.reasoning_summary_text.delta")
+
+
+def carries_text(doc: dict) -> bool:
+    """Whether an SSE event's JSON carries generated text (answer or reasoning): an OpenAI chunk's
+    choices[0].text or delta.content, a Responses API text delta, a Messages API content_block_delta's
+    text, thinking or partial_json."""
+    kind = doc.get("type")
+    if kind in RESPONSES_DELTAS:
+        return bool(doc.get("delta"))
+    if kind == "content_block_delta":
+        delta = doc.get("delta") or {}
+        return bool(delta.get("text") or delta.get("thinking") or delta.get("partial_json"))
+    choice = (doc.get("choices") or [{}])[0]
+    return bool(choice.get("text") or (choice.get("delta") or {}).get("content"))
+
+
 def text_events(body: bytes, pieces: list[tuple[int, int]],
                 stream: Stream) -> tuple[str | None, list[tuple[int, int | None]]]:
     """The completion's id, and (ns of the packet completing the event, server t_ns) of each SSE event
@@ -328,8 +355,7 @@ def text_events(body: bytes, pieces: list[tuple[int, int]],
             continue  # [DONE]
         doc = json.loads(payload)
         response_id = response_id or doc.get("id")
-        choice = (doc.get("choices") or [{}])[0]
-        if choice.get("text") or (choice.get("delta") or {}).get("content"):
+        if carries_text(doc):
             piece = bisect_right(offsets, end + 1) - 1
             out.append((stream.time_at(pieces[piece][1] + end + 1 - pieces[piece][0]), doc.get("t_ns")))
     return response_id, out
@@ -433,14 +459,20 @@ async def run_engine(scenario: Scenario) -> list[Record]:
     return client.records
 
 
-def scenario_dict(url: str, stream: bool, rate: float, requests: int, out: Path) -> dict:
-    openai = {"api": "completions", "stream": stream, "extra_body": {"ttft_ms": TTFT_MS, "itl_ms": ITL_MS}}
-    if stream:
-        openai["include_usage"] = True
+def scenario_dict(url: str, stream: bool, rate: float, requests: int, out: Path, protocol: str = "openai") -> dict:
+    """The run's scenario: openai /v1/completions against the stream target (its timing asked for in the
+    body), or a typed-event protocol against the events server (timed by its command line; the body is
+    the API's own)."""
+    options: dict = {"stream": stream}
+    if protocol == "openai":
+        options.update(api="completions", extra_body={"ttft_ms": TTFT_MS, "itl_ms": ITL_MS})
+        if stream:
+            options["include_usage"] = True
+    section = "anthropic" if protocol == "anthropic-messages" else "openai"
     return {
-        "name": f"wire-truth-{'stream' if stream else 'whole'}", "seed": 1,
-        "target": {"url": url, "protocol": "openai", "model": "bench", "timeout": 30, "request_id_header": ID_HEADER,
-                   "openai": openai},
+        "name": f"wire-truth-{protocol}-{'stream' if stream else 'whole'}", "seed": 1,
+        "target": {"url": url, "protocol": protocol, "model": "bench", "timeout": 30, "request_id_header": ID_HEADER,
+                   section: options},
         "workload": {"classes": [{"name": "c", "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS}]},
         "phases": [{"name": "warmup", "duration": WARMUP / rate, "warmup": True, "arrival": {"type": "constant", "rate": rate}},
                    {"name": "measure", "duration": requests / rate, "arrival": {"type": "constant", "rate": rate}}],
@@ -473,9 +505,10 @@ def match(records: list[Record], exchanges: list[Exchange]) -> tuple[list[tuple[
                                        f"n-th on the wire; {len(ordered)} records, {len(posts)} wire requests)")
 
 
-def measure_latscope(url: str, port: int, stream: bool, args: argparse.Namespace, work: Path, cpu: int | None) -> dict:
-    name = "stream" if stream else "whole"
-    scenario = scenario_from_dict(scenario_dict(url, stream, args.rate, args.requests, work / name))
+def measure_latscope(url: str, port: int, stream: bool, args: argparse.Namespace, work: Path, cpu: int | None,
+                     protocol: str = "openai") -> dict:
+    name = ("stream" if stream else "whole") + ("" if protocol == "openai" else f"-{protocol}")
+    scenario = scenario_from_dict(scenario_dict(url, stream, args.rate, args.requests, work / name, protocol))
     pcap = work / f"latscope-{name}.pcap"
     with capture(port, pcap) as counts, pinned(cpu):
         clock_before = realtime_minus_monotonic()
@@ -677,6 +710,18 @@ def latscope_md(name: str, r: dict) -> str:
             f"The same bar from latscope's sent_ns (send lag left out): {bar_text(r['bar_from_sent'])}\n")
 
 
+def typed_md(report: dict) -> str:
+    """The typed-event protocols' sections (none when not measured)."""
+    runs = [(p, report["latscope"][p]) for p in TYPED_PROTOCOLS if p in report["latscope"]]
+    if not runs:
+        return ""
+    head = (f"**Typed-event streams** (`tests/protocols/events_server.py` on 127.0.0.1, aiohttp: the same timing, first "
+            f"token {TTFT_MS} ms after the request, then one every {ITL_MS} ms, {OUTPUT_TOKENS} text deltas, each event "
+            "in a write of its own; the wire's token = the packet completing a text-delta event: Responses "
+            "`response.output_text.delta`, Messages `content_block_delta` with text):\n\n")
+    return head + "\n".join(latscope_md(f"{protocol}, streaming", r) for protocol, r in runs)
+
+
 def bar_text(checks: dict) -> str:
     each = "; ".join(f"{k} {c['latscope']:.3f} vs {c['wire']:.3f} (±{c['allowed']:.3f}) {'✓' if c['holds'] else '✗'}"
                      for k, c in checks.items())
@@ -713,6 +758,7 @@ realtime−monotonic clock offset measured around each run).
 
 {latscope_md('streaming', report['latscope']['stream'])}
 {latscope_md('non-streaming (ttfb: latscope has none, its ttft = latency)', report['latscope']['whole'])}
+{typed_md(report)}
 **Peers against the wire**, same server, same sitting, each with its own capture, numbers as the tool reports them
 (from its own send), streaming, same rate and lengths. aiperf: ttft = time_to_first_token, e2e = request_latency,
 tpot = inter_token_latency, itl = inter_chunk_latency. guidellm: ttft = time_to_first_token_ms, e2e =
@@ -732,7 +778,12 @@ def main() -> None:
     parser.add_argument("--guidellm-venv", type=Path, default=Path("/tmp/venv-guidellm"))
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out")
     parser.add_argument("--no-results-md", action="store_true")
+    parser.add_argument("--typed", default=",".join(TYPED_PROTOCOLS),
+                        help="typed-event protocols to measure streaming too, comma-separated ('' for none)")
     args = parser.parse_args()
+    typed = [p for p in args.typed.split(",") if p]
+    if unknown := set(typed) - set(TYPED_PROTOCOLS):
+        parser.error(f"--typed takes {', '.join(TYPED_PROTOCOLS)}, not {', '.join(sorted(unknown))}")
     started = time.monotonic()
     problem = capture_problem()
     if problem:
@@ -754,6 +805,15 @@ def main() -> None:
                 report["peers"]["aiperf"] = measure_aiperf(url, port, args, work, client_cpu)
                 print("guidellm …", flush=True)
                 report["peers"]["guidellm"] = measure_guidellm(url, port, args, work, client_cpu)
+        if typed:
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            command = [sys.executable, str(EVENTS_SERVER), "--port", str(port), "--ttft-ms", str(TTFT_MS),
+                       "--itl-ms", str(ITL_MS), "--tokens", str(OUTPUT_TOKENS), "--reasoning", "0"]
+            with server_process(command, f"{url}/health", work / "events.log", server_cpu):
+                for protocol in typed:
+                    print(f"latscope, {protocol} streaming …", flush=True)
+                    report["latscope"][protocol] = measure_latscope(url, port, True, args, work, client_cpu, protocol)
     report["wall_s"] = time.monotonic() - started
     write_report_json(report, args.out, "wire_truth")
     text = report_md(report)

@@ -23,7 +23,9 @@ each counted under its class (results.schema.SESSION_COUNTERS):
   the engine's accounting holds; a target answering with megabytes a turn costs the worker one
   answer's memory, not a history that grows until the machine kills it.
 
-Whichever way a session ends, its history is let go at once.
+Whichever way a session ends, its history is let go at once. What the history holds is the client's
+business (protocols/openai.py `_remember`): each turn and the answer as the server gave it, without a
+reasoning model's reasoning unless the class's `session.carry_reasoning` says to keep it.
 
 Closed-loop users (`arrival: {type: users}`): a user's plan row starts its first session at the row's
 intended time, and each session that ends (any way but cut) starts the user's next one at once,

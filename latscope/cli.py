@@ -341,7 +341,8 @@ def validate(scenario_file: Path, overrides: tuple[str, ...]) -> None:
                    f"{t.count.mean():.1f} a session){think}")
     for i, name in enumerate(plan.class_names):
         e, mine = scenario.endpoint(i), plan.cls == i
-        click.echo(f"  class {name:<16} {mine.mean() if len(plan) else 0:8.1%}  {e.protocol} {e.method} {redact_url(e.url)}{e.path}")
+        click.echo(f"  class {name:<16} {mine.mean() if len(plan) else 0:8.1%}  {e.protocol} {e.method} {redact_url(e.url)}{e.path}"
+                   + (f"  model {e.model}" if e.model else ""))
         for label, lengths in (("prompt tokens", plan.prompt_tokens[mine]), ("output tokens", plan.output_tokens[mine])):
             if lengths.any():
                 p50, p99 = np.percentile(lengths, [50, 99])
@@ -360,9 +361,12 @@ def validate(scenario_file: Path, overrides: tuple[str, ...]) -> None:
               show_default=True, help="The scenario file to write.")
 @click.option("--use-case", metavar="NAME", help="Start from a use-case preset (fraud_scoring, streaming_chat, ...), "
               "pointed at URL.")
-@click.option("--protocol", type=click.Choice(["openai", "kserve-v2", "kserve-v2-grpc", "http"]),
+@click.option("--protocol", type=click.Choice(["openai", "openai-responses", "anthropic-messages", "openai-embeddings",
+                                              "rerank", "kserve-v2", "kserve-v2-grpc", "http"]),
               help="The protocol to write, when the endpoint speaks several (the reference server: openai and "
-              "kserve-v2) or was not to be probed. Without a URL: what the reference server is sent (default openai).")
+              "kserve-v2) or was not to be probed; openai-responses, anthropic-messages, openai-embeddings and rerank "
+              "are written for a server that answers as OpenAI-compatible. Without a URL: what the reference server "
+              "is sent (default openai).")
 @click.option("--model", help="The model to send requests to (default: the first the server lists).")
 @click.option("--force", is_flag=True, help="Overwrite the file if it exists.")
 def init(url: str | None, out_file: Path, use_case: str | None, protocol: str | None, model: str | None,

@@ -14,12 +14,14 @@ from rich.table import Table
 from rich.text import Text
 
 from latscope.analysis import coldstart
+from latscope.analysis.models import fairness_lines
 from latscope.analysis.sessions import closed_loop
 from latscope.capacity import StepStart
 from latscope.report.capacity_page import cost_line
 from latscope.report.words import event_text, goodput_sentence, slo_value_text
 from latscope.results.schema import TURN_PREFIX
 from latscope.run import Progress
+from latscope.run.token_counts import count_lines
 
 PLAIN_EVERY_S = 10.0
 STYLE = {"valid": "bold green", "degraded": "bold yellow", "invalid": "bold red"}
@@ -128,6 +130,31 @@ def sessions_lines(summary: dict) -> list[str]:
     return lines
 
 
+def answers_lines(summary: dict) -> list[str]:
+    """A line per class whose answers reasoned or came back empty: its reasoning tokens (of the output
+    tokens) and TTFOT p50 (the answer's first token), and its empty answers (completed, 0 tokens)."""
+    lines, tokens, metrics = [], summary.get("tokens") or {}, summary.get("metrics") or {}
+    for cls, counts in (summary.get("requests_by_class") or {}).items():
+        reasoning, empty = (tokens.get(cls) or {}).get("reasoning_tokens", 0), counts.get("empty", 0)
+        parts = []
+        if reasoning:
+            parts.append(f"{reasoning:,} reasoning tokens of {tokens[cls]['output_tokens']:,} output tokens")
+            if ttfot := (metrics.get("ttfot") or {}).get(cls):
+                parts.append(f"TTFOT p50 {_ms(ttfot.get('p50_ms'))} ms (TTFT p50 "
+                             f"{_ms((metrics.get('ttft') or {}).get(cls, {}).get('p50_ms'))} ms)")
+        if empty:
+            parts.append(f"{empty:,} empty answers (completed with 0 output tokens, no TTFT)")
+        if parts:
+            lines.append(f"answers {cls}: " + " · ".join(parts))
+    return lines
+
+
+def batch_lines(summary: dict) -> list[str]:
+    """A line per class of a batch protocol (embeddings, rerank): its items and input tokens per second."""
+    return [f"batch {cls}: {b['items']:,} {b['unit']} ({b['items_per_request']:,.1f} a request) · {b['items_per_s']:,.1f} "
+            f"{b['unit']}/s · {b['input_tokens_per_s']:,.1f} input tokens/s" for cls, b in (summary.get("batch") or {}).items()]
+
+
 def print_summary(console: Console, summary: dict, run_dir: object) -> None:
     console.print(summary_table(summary))
     r, t = summary["requests"], summary["throughput"]
@@ -149,6 +176,14 @@ def print_summary(console: Console, summary: dict, run_dir: object) -> None:
         console.print(Text(f"{load['users']:,} users, {load['note']}", "bold yellow"))
     for line in sessions_lines(summary):
         console.print(line, highlight=False)
+    for line in answers_lines(summary):  # class names come from the scenario: text, never markup
+        console.print(Text(line), highlight=False)
+    for line in batch_lines(summary):
+        console.print(Text(line), highlight=False)
+    for line in count_lines(summary.get("tokens") or {}):  # where token counts came from (run/token_counts.py)
+        console.print(Text(line), highlight=False)
+    for line in fairness_lines(summary.get("models") or {}):  # model names come from the scenario: text, never markup
+        console.print(Text(line), highlight=False)
     goodput = (summary.get("goodput") or {}).get("all")
     if goodput:
         console.print(f"goodput: {goodput_sentence(goodput)}", highlight=False)

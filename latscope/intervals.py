@@ -9,11 +9,26 @@ outcomes *mean*, following the timing rules (DESIGN.md), all from the intended t
     send_lag     = actual send − intended        (every sent request: how late the client was)
     ttft         = first token − intended;  itl = each gap between token chunks;
     tpot         = (end − first token) / (tokens − 1)            (streams)
+    ttfot        = first content token − intended               (streams with a content chunk)
+    reasoning_time = first content token − first token          (streams that reasoned, then answered)
+    content_tpot = (end − first content token) / (content tokens − 1)   (streams, content tokens > 1)
     encode, decode, server.<part> as measured;  network = service_time − decode − server total
     client_inclusive = latency + the part of the encode done before the intended time
                      (what a caller that builds each request when it is due would wait: the engine
                      prepares ahead, so `latency` holds no encode unless the client was late, and
                      then that encode is send lag, inside latency already)
+
+A token chunk is reasoning (a reasoning model's thinking: Outcome.reasoning_chunks of them) or
+content (the answer itself; the first one's read time is Outcome.content_ns), and `token_ns` holds
+both. A "token" above is any token chunk, so ttft is the first of either kind, and equals ttfot when
+the stream did not reason; reasoning_time is recorded only when it did (reasoning_chunks > 0).
+content tokens = output tokens − reasoning tokens, where the reasoning tokens are the server's usage
+count (Outcome.reasoning_tokens) when it said, else the reasoning chunks counted.
+
+An empty answer (completed, 0 output tokens: a stream that ended without a token chunk, a whole
+answer with nothing in it) counts in `empty` and has no ttft, ttfot or tpot: it is counted only when
+its count is known (a stream, the server's usage, or the tokenizer) and it is not a batch request
+(Outcome.items: embeddings' inputs, rerank's documents, which add up in `items`).
 
 Values are µs (integer division of ns). A failed request counts under its error kind and keeps a
 few distinct messages; it adds nothing to the latency histograms. What the target said (an error
@@ -25,6 +40,7 @@ when it succeeded and met every objective of its class, judged here, exactly, on
 (never from percentiles), on the same µs values the histograms get:
 
     latency = end − intended;  ttft = first token chunk − intended (no chunks: ttft = latency)
+    ttfot   = first content chunk − intended               (no content chunk: ttfot = latency)
     tpot    = (end − first token) // (tokens − 1)          (met with ≤ 1 token)
     itl     = the request's longest gap between token chunks  (met with < 2 chunks)
 
@@ -42,16 +58,21 @@ from __future__ import annotations
 from latscope.records import IntervalReport, Outcome, Probe, Request
 from latscope.recorder import Recorder
 from latscope.request_log import NULL, RequestLog
-from latscope.results.schema import (CACHE_REPORTED, CACHED_TOKENS, CANCELLED, COMPLETED, COUNTERS, ERROR_INDEX, GOOD,
-                                     GOOD_OUTPUT_TOKENS, MAX_REPLICA_CLASSES, OTHER_REPLICAS, OUTPUT_TOKENS,
-                                     OUTPUT_TOKENS_USAGE, PROMPT_TOKENS, REPLICA_METRIC, TURN_CACHED, TURN_COMPLETED,
-                                     TURN_COUNTERS, TURN_ERRORS, TURN_PROMPT, TURN_REPORTED, replica_class, turn_class)
+from latscope.results.schema import (CACHE_REPORTED, CACHED_TOKENS, CANCELLED, COMPLETED, COUNTERS, EMPTY, ERROR_INDEX,
+                                     GOOD, GOOD_OUTPUT_TOKENS, ITEMS, MAX_REPLICA_CLASSES, OTHER_REPLICAS, OUTPUT_TOKENS,
+                                     OUTPUT_TOKENS_USAGE, PROMPT_TOKENS, REASONING_TOKENS, REPLICA_METRIC, TURN_CACHED,
+                                     TURN_COMPLETED, TURN_COUNTERS, TURN_ERRORS, TURN_PROMPT, TURN_REPORTED, replica_class,
+                                     turn_class)
+from latscope.results.schema import (OUTPUT_BY_TOKENIZER, OUTPUT_CHECKED, OUTPUT_FROM_CHUNKS, OUTPUT_FROM_USAGE,
+                                     OUTPUT_LONG, OUTPUT_SHORT, OUTPUT_SHORT_TOKENS, OUTPUT_UNCOUNTED, PROMPT_ABOVE,
+                                     PROMPT_ABOVE_MAX, PROMPT_BELOW, PROMPT_BELOW_MAX, PROMPT_CHECKED, PROMPT_DIFFER,
+                                     PROMPT_FROM_PLAN, PROMPT_FROM_USAGE)
 from latscope.scenario import scrub
 
 MAX_ERROR_EXAMPLES = 5  # distinct error messages kept per kind
 NO_LIMIT = 1 << 62  # an objective that is not set: every value meets it
 
-GoodputLimits = tuple[int, int, int, int]  # goodput objectives in µs: (ttft, tpot, itl, latency), NO_LIMIT when unset
+GoodputLimits = tuple[int, int, int, int, int]  # goodput objectives in µs: (ttft, tpot, itl, latency, ttfot), NO_LIMIT when unset
 
 
 def goodput_limits(objectives: dict[str, float] | None) -> GoodputLimits | None:
@@ -61,7 +82,7 @@ def goodput_limits(objectives: dict[str, float] | None) -> GoodputLimits | None:
     if not objectives:
         return None
     return tuple(int(objectives[name] * 1000 + 1e-6) if name in objectives else NO_LIMIT  # type: ignore[return-value]
-                 for name in ("ttft_ms", "tpot_ms", "itl_ms", "latency_ms"))
+                 for name in ("ttft_ms", "tpot_ms", "itl_ms", "latency_ms", "ttfot_ms"))
 
 
 class IntervalRecorder:
@@ -117,6 +138,7 @@ class IntervalRecorder:
                 replica, outcome.end_ns, latency_us if outcome.error is None else None)
         if outcome.error is None:
             self.count(request.cls, warm, COMPLETED)
+            self._record_sources(request, outcome)
             if self.first_ok is None:
                 self.first_ok = (outcome.end_ns, latency_us)
             record("latency", name, latency_us, warm)
@@ -125,7 +147,12 @@ class IntervalRecorder:
             service_ns = outcome.end_ns - outcome.sent_ns
             service_us = service_ns // 1000
             record("service_time", name, service_us, warm)
-            if outcome.token_ns or outcome.output_tokens:
+            if outcome.items:  # a batch request (embeddings, rerank): its items and input tokens, nothing generated
+                row = self._row(request.cls, warm)
+                row[ITEMS] += outcome.items
+                row[PROMPT_TOKENS] += outcome.prompt_tokens or request.prompt_tokens
+            elif (outcome.token_ns is not None or outcome.output_tokens or outcome.tokens_from_usage
+                    or outcome.output_by_tokenizer):
                 tokens = self._record_tokens(request, outcome, name)
             encode_ns = outcome.encode_ns
             if encode_ns:
@@ -182,10 +209,12 @@ class IntervalRecorder:
         return cls
 
     def _record_tokens(self, request: Request, outcome: Outcome, name: str) -> tuple[int, int, int]:
-        """Streams: TTFT from the intended time, every inter-token gap, TPOT. All: the token counters.
+        """Streams: TTFT from the intended time, every inter-token gap, TPOT, and from the first content
+        chunk TTFOT, reasoning time and content TPOT. All: the token counters (the module docstring).
         (ttft, tpot, the worst gap) µs as recorded, NULL where not."""
         record, warm, times = self.recorder.record, request.warmup, outcome.token_ns
         tokens = outcome.output_tokens or len(times or ())
+        reasoning = outcome.reasoning_tokens if outcome.reasoning_tokens >= 0 else outcome.reasoning_chunks
         ttft_us = tpot_us = worst_us = NULL
         if times:
             first = times[0]
@@ -201,7 +230,17 @@ class IntervalRecorder:
             if tokens > 1:
                 tpot_us = (outcome.end_ns - first) // 1000 // (tokens - 1)
                 record("tpot", name, tpot_us, warm)
+            content = outcome.content_ns
+            if content:
+                record("ttfot", name, (content - request.intended_ns) // 1000, warm)
+                if outcome.reasoning_chunks:
+                    record("reasoning_time", name, (content - first) // 1000, warm)
+                if tokens - reasoning > 1:
+                    record("content_tpot", name, (outcome.end_ns - content) // 1000 // (tokens - reasoning - 1), warm)
         row = self._row(request.cls, warm)
+        row[REASONING_TOKENS] += reasoning
+        if not tokens and not outcome.items:
+            row[EMPTY] += 1
         row[PROMPT_TOKENS] += outcome.prompt_tokens or request.prompt_tokens
         row[OUTPUT_TOKENS] += tokens
         if outcome.tokens_from_usage:
@@ -237,6 +276,46 @@ class IntervalRecorder:
             if tokens > 1:
                 record("turn.tpot", name, (outcome.end_ns - times[0]) // 1000 // (tokens - 1), warm)
 
+    def _record_sources(self, request: Request, outcome: Outcome) -> None:
+        """A completed request's token counts: where they came from, and the server's against the plan
+        (results.schema.TOKEN_SOURCE_COUNTERS). Only requests that carry tokens (a planned prompt or
+        max_tokens, a count the server said, token chunks) count; a batch request's (Outcome.items) prompt
+        only. A session's turns are not compared with the plan: they send more than their planned new text."""
+        planned, said = request.prompt_tokens, outcome.prompt_from_usage or outcome.prompt_tokens > 0
+        streamed = outcome.token_ns is not None
+        if not (planned or request.output_tokens or said or streamed or outcome.output_tokens
+                or outcome.output_by_tokenizer):
+            return
+        row = self._row(request.cls, request.warmup)
+        if said:
+            row[PROMPT_FROM_USAGE] += 1
+            if planned and request.session is None:  # a session's turn also sends its history and shared prefix
+                diff = outcome.prompt_tokens - planned
+                row[PROMPT_CHECKED] += 1
+                if diff:
+                    row[PROMPT_DIFFER] += 1
+                    at, top = (PROMPT_ABOVE, PROMPT_ABOVE_MAX) if diff > 0 else (PROMPT_BELOW, PROMPT_BELOW_MAX)
+                    row[at] += abs(diff)
+                    row[top] = max(row[top], abs(diff))  # MAX_COUNTERS: merged by the larger (add_counters)
+        elif planned:
+            row[PROMPT_FROM_PLAN] += 1
+        if outcome.items:  # a batch request (embeddings, rerank) generates nothing
+            return
+        if outcome.tokens_from_usage or outcome.output_by_tokenizer:
+            row[OUTPUT_FROM_USAGE if outcome.tokens_from_usage else OUTPUT_BY_TOKENIZER] += 1
+            asked, got = request.output_tokens, outcome.output_tokens
+            if asked:
+                row[OUTPUT_CHECKED] += 1
+                if got < asked:
+                    row[OUTPUT_SHORT] += 1
+                    row[OUTPUT_SHORT_TOKENS] += asked - got
+                elif got > asked:
+                    row[OUTPUT_LONG] += 1
+        elif streamed:
+            row[OUTPUT_FROM_CHUNKS] += 1
+        else:
+            row[OUTPUT_UNCOUNTED] += 1
+
     def record_session(self, cls: int, warmup: bool, duration_us: int) -> None:
         """A completed session's duration (turn 1's intended time to its last answer's end)."""
         self.recorder.record("session_duration", self.class_names[cls], duration_us, warmup)
@@ -263,14 +342,16 @@ class IntervalRecorder:
 
 def _is_good(request: Request, outcome: Outcome, latency_us: int, limits: GoodputLimits) -> bool:
     """Whether a successful request met every goodput objective of its class (the module docstring)."""
-    ttft_max, tpot_max, itl_max, latency_max = limits
+    ttft_max, tpot_max, itl_max, latency_max, ttfot_max = limits
     if latency_us > latency_max:
         return False
     times = outcome.token_ns
-    if not times:  # the whole answer is its first token: ttft = latency, no gaps, tpot (end − end) = 0
-        return latency_us <= ttft_max
+    if not times:  # the whole answer is its first token: ttft = ttfot = latency, no gaps, tpot (end − end) = 0
+        return latency_us <= ttft_max and latency_us <= ttfot_max
     first = times[0]
     if (first - request.intended_ns) // 1000 > ttft_max:
+        return False
+    if ttfot_max != NO_LIMIT and ((outcome.content_ns or outcome.end_ns) - request.intended_ns) // 1000 > ttfot_max:
         return False
     tokens = outcome.output_tokens or len(times)
     if tokens > 1 and (outcome.end_ns - first) // 1000 // (tokens - 1) > tpot_max:

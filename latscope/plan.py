@@ -18,7 +18,8 @@ from latscope.mooncake import ReplayLimits
 from latscope.scenario import PROTOCOLS, LengthDist, Phase, Scenario
 from latscope.scenario.base import DataPath
 from latscope.sessions import Turns, draw_sessions
-from latscope.workload import SESSION_STREAM, VOCABULARY, draw_lengths, plays_conversations, read_conversations, seed_streams
+from latscope.workload import (SESSION_STREAM, VOCABULARY, class_prompts, draw_lengths, plays_conversations,
+                               read_conversations, seed_streams)
 
 # A gap of at least this long in the schedule (a trace's lull) counts as idle, like an idle phase:
 # long enough for a target that scales to zero to have done so on a short timeout.
@@ -145,6 +146,9 @@ def build_plan(scenario: Scenario) -> Plan:
             prompt_tokens[mine] = _draw(scenario, ("workload", "classes", c, "prompt_tokens"), prompt, len(mine), rng)
         if wc.output_tokens is not None:
             output_tokens[mine] = _draw(scenario, ("workload", "classes", c, "output_tokens"), wc.output_tokens, len(mine), rng)
+        for key in ("batch", "query_tokens"):  # drawn per request in the worker (protocols/batch.py): a file loads here
+            if (dist := getattr(wc, key)) is not None and dist.dist == "empirical":
+                _draw(scenario, ("workload", "classes", c, key), dist, 1, np.random.default_rng(0))
     for target, key in ((prompt_tokens, "prompt_tokens"), (output_tokens, "output_tokens")):
         if any(key in lengths for lengths in trace_lengths):  # a trace's lengths win over the class's
             values = np.concatenate([lengths.get(key, np.zeros(len(ids), np.int32))
@@ -152,11 +156,24 @@ def build_plan(scenario: Scenario) -> Plan:
             target[values > 0] = values[values > 0]
     _check_prompts(scenario, prompt_tokens, cls, phase)
     item = rng.integers(0, 2**62, size=n, dtype=np.int64)
+    blocks = _blocks(trace_lengths, phase_ids, n)
+    _dataset_lengths(scenario, cls, item, prompt_tokens, blocks)
     users = _users(scenario, phase)
     session, turns = _sessions(scenario, cls, users, seeds, prompt_tokens, output_tokens, item)
     return Plan(offsets_s, phase, cls, phases, names, prompt_tokens, output_tokens, item, session, turns, users,
-                int(seeds[len(scenario.phases) + SESSION_STREAM].generate_state(1, np.uint64)[0]),
-                _blocks(trace_lengths, phase_ids, n))
+                int(seeds[len(scenario.phases) + SESSION_STREAM].generate_state(1, np.uint64)[0]), blocks)
+
+
+def _dataset_lengths(scenario: Scenario, cls: np.ndarray, item: np.ndarray, prompt_tokens: np.ndarray,
+                     blocks: tuple | None) -> None:
+    """A dataset class's rows get their prompt's token count (workload.tokenizer: workload.class_prompts),
+    the row the worker sends being item % the prompts kept; a Mooncake row sends its blocks instead."""
+    for c, wc in enumerate(scenario.workload.effective_classes()):
+        if wc.dataset is None or scenario.workload.tokenizer is None:
+            continue
+        lengths = class_prompts(scenario, c).tokens
+        rows = np.flatnonzero((cls == c) & (blocks[2] == 0 if blocks is not None else True))
+        prompt_tokens[rows] = lengths[item[rows] % len(lengths)]
 
 
 def replay_limits(scenario: Scenario) -> ReplayLimits:

@@ -62,6 +62,15 @@ class Outcome:
     cached_tokens: int = -1  # prompt tokens the server took from its prefix cache (usage.prompt_tokens_details); -1: not said
     first_byte_ns: int = 0  # perf_counter_ns when the response's first bytes arrived (0: unknown)
     connection: int = -1  # which of the client's connections carried it (-1: unknown)
+    # Reasoning streams: chunks that carried reasoning (chat `reasoning_content` / `reasoning`, Responses
+    # `response.reasoning_*.delta`, Messages `thinking_delta`) are in token_ns with the content chunks;
+    # the answer itself starts at content_ns.
+    reasoning_chunks: int = 0  # token chunks that carried reasoning, not answer text
+    content_ns: int = 0  # perf_counter_ns of the first chunk of the answer itself (0: none, or not a stream)
+    reasoning_tokens: int = -1  # the server's usage count of reasoning tokens (-1: not said)
+    prompt_from_usage: bool = False  # prompt_tokens is the server's own count (usage), not the plan's
+    output_by_tokenizer: bool = False  # output_tokens counted by workload.tokenizer on the answer's text
+    items: int = 0  # a batch protocol's items in the request: embeddings' inputs, rerank's documents (0: none)
 
 
 @dataclass(slots=True)

@@ -65,9 +65,12 @@ DURATIONS = ("latency_us", "service_us", "send_lag_us", "encode_us", "decode_us"
 FIELDS = ("row", "class", "warmup", "session", "turn", *TIMES, "error", "status", "latency_us", "service_us",
           "send_lag_us", "encode_us", "decode_us", "network_us", "client_inclusive_us", "ttft_us", "tpot_us",
           "itl_max_us", "prompt_tokens", "output_tokens", "cached_tokens", "replica", "bytes_in", "bytes_out",
-          "stall_us", "connection")
+          "stall_us", "connection", "ttfot_us", "reasoning_tokens", "prompt_count", "output_count")
 SMALL = ("class", "warmup", "turn", "error", "status", "prompt_tokens", "output_tokens", "cached_tokens", "replica",
-         "connection")  # int32 in the file (class, error, replica: dictionary codes)
+         "connection", "reasoning_tokens", "prompt_count", "output_count")  # int32 in the file (class, error, replica,
+# and the counts' sources below: dictionary codes)
+PROMPT_COUNTS = ("usage", "plan")  # where prompt_tokens came from (-1: no prompt)
+OUTPUT_COUNTS = ("usage", "tokenizer", "chunks")  # where output_tokens came from (-1: not counted)
 
 
 def sample_fraction(scenario: Scenario, plan: Plan) -> float:
@@ -151,7 +154,13 @@ class RequestLog:
                       -1 if outcome.error is None else ERRORS.index(outcome.error), outcome.status, *durations, *tokens,
                       outcome.prompt_tokens or request.prompt_tokens, outcome.output_tokens or len(times or ()),
                       outcome.cached_tokens, -1 if replica is None else self._replica(replica), outcome.bytes_in,
-                      outcome.bytes_out, 0, outcome.connection))  # stall_us: at flush (the module docstring)
+                      outcome.bytes_out, 0, outcome.connection,  # stall_us: at flush (the module docstring)
+                      # ttfot as intervals.py records it (a success with a content chunk), the reasoning tokens
+                      (outcome.content_ns - intended) // 1000 if outcome.content_ns and outcome.error is None else NULL,
+                      outcome.reasoning_tokens if outcome.reasoning_tokens >= 0 else outcome.reasoning_chunks,
+                      # where the token counts came from (PROMPT_COUNTS, OUTPUT_COUNTS)
+                      0 if outcome.prompt_from_usage or outcome.prompt_tokens else 1 if request.prompt_tokens else -1,
+                      0 if outcome.tokens_from_usage else 1 if outcome.output_by_tokenizer else 2 if times is not None else -1))
         if outcome.server_timing:
             for part, ms in outcome.server_timing.items():
                 rows = self.server.get(part)
@@ -278,6 +287,10 @@ class RequestLog:
             "bytes_out": i64(col["bytes_out"]),
             "stall_us": i64(col["stall_us"]),
             "connection": i32(sm["connection"], sm["connection"] >= 0),
+            "ttfot_us": i64(col["ttfot_us"]),
+            "reasoning_tokens": i32(sm["reasoning_tokens"]),
+            "prompt_count": strings(sm["prompt_count"], list(PROMPT_COUNTS)),
+            "output_count": strings(sm["output_count"], list(OUTPUT_COUNTS)),
         }
         for part, (rows, ms) in sorted(server.items()):
             values = np.zeros(n)

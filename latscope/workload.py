@@ -10,6 +10,12 @@ which is one token (with its leading space) in the BPE tokenizers of GPT-2/GPT-4
 and Qwen, so a prompt of N words is N tokens give or take a few percent on those servers (and exactly
 N on the reference server, whose toy tokenizer counts words). The server's own count, when it
 reports usage, is what the results record.
+
+With `workload.tokenizer` (tokenizer.py), a dataset's prompts have exact lengths: `class_prompts`
+counts each as the server will (a chat class's through the chat template when one is given), leaves
+out those outside the dataset's [min_tokens, max_tokens] or cuts the longer ones (`cut`), and the
+plan's prompt_tokens of the class's requests are those counts (plan.py). A worker counts an answer's
+text with it when the server sent no usage (`Payloads.count_output`).
 """
 
 from __future__ import annotations
@@ -22,10 +28,11 @@ import numpy as np
 
 from latscope.errors import ScenarioError
 from latscope.mooncake import block_prompt
-from latscope.records import Request
+from latscope.records import Outcome, Request
 from latscope.scenario import Dataset, LengthDist, Scenario, TensorSpec
 from latscope.scenario.base import DataPath
 from latscope.scenario.workload import DTYPES, WorkloadClass
+from latscope.tokenizer import Tokenizer, load_tokenizer
 
 # Common English words that tokenize as a single token with a leading space in mainstream BPE
 # vocabularies (checked against GPT-2's and Llama's merges: all are whole-word entries).
@@ -204,6 +211,70 @@ def read_dataset(dataset: Dataset, path: Path) -> list[str]:
     return prompts
 
 
+@dataclass(frozen=True, slots=True)
+class Prompts:
+    """A dataset class's prompts as sent, and with a tokenizer each one's token count."""
+
+    texts: list[str]
+    tokens: np.ndarray | None  # int32, texts' counts (tokenizer.py); None: no workload.tokenizer
+
+
+_PROMPTS: dict[tuple, Prompts] = {}  # per process: the plan, the parent's check and a worker each ask
+TEMPLATED_PROTOCOLS = ("openai-responses", "anthropic-messages")  # messages, rendered by the chat template
+
+
+def templated(scenario: Scenario, c: int) -> bool:
+    """Whether class `c` sends chat messages (its prompt goes through the model's chat template)."""
+    endpoint = scenario.endpoint(c)
+    if endpoint.protocol == "openai":
+        return endpoint.openai is not None and endpoint.openai.api == "chat"
+    return endpoint.protocol in TEMPLATED_PROTOCOLS
+
+
+def class_prompts(scenario: Scenario, c: int) -> Prompts | None:
+    """Class `c`'s dataset prompts (None: it has no dataset): with workload.tokenizer, counted,
+    picked by [min_tokens, max_tokens] and cut (module docstring). Kept per process and file."""
+    dataset = scenario.workload.effective_classes()[c].dataset
+    if dataset is None:
+        return None
+    where = ("workload", "classes", c, "dataset")
+    path = scenario.resolve_path(dataset.file)
+    spec = scenario.workload.tokenizer
+    chat = spec is not None and templated(scenario, c)
+    try:
+        stat = path.stat()
+        key = (path, stat.st_mtime_ns, stat.st_size, dataset.model_dump_json(), spec and spec.model_dump_json(), chat)
+    except OSError:
+        key = None
+    if key is not None and key in _PROMPTS:
+        return _PROMPTS[key]
+    with scenario.about((*where, "file")):
+        texts = read_dataset(dataset, path)
+    tokenizer = load_tokenizer(scenario)
+    prompts = Prompts(texts, None) if tokenizer is None else _by_tokens(scenario, c, texts, tokenizer, chat)
+    if key is not None:
+        _PROMPTS[key] = prompts
+    return prompts
+
+
+def _by_tokens(scenario: Scenario, c: int, texts: list[str], tokenizer: Tokenizer, chat: bool) -> Prompts:
+    dataset = scenario.workload.effective_classes()[c].dataset
+    counts = tokenizer.prompt_counts(texts, chat)
+    low, high = dataset.min_tokens or 0, dataset.max_tokens or np.iinfo(np.int32).max
+    listed = (texts, counts) if not dataset.cut else tokenizer.cut_all(texts, counts, high, chat)
+    kept, lengths = [], []
+    for text, n in zip(*listed):
+        if low <= n <= high:
+            kept.append(text)
+            lengths.append(n)
+    if not kept:
+        field_name = "min_tokens" if dataset.min_tokens is not None else "max_tokens"
+        raise scenario.problem(("workload", "classes", c, "dataset", field_name),
+                               f"no prompt of {dataset.file} is between {low:,} and {high:,} tokens (its {len(texts):,} "
+                               f"prompts have {min(counts):,} to {max(counts):,})")
+    return Prompts(kept, np.array(lengths, np.int32))
+
+
 def read_conversations(path: Path) -> list[list[str]]:
     """A ShareGPT file's conversations, each as its human turns in order (those without any left out)."""
     conversations = [turns for row in _dataset_rows(path) if (turns := _human_turns(row))]
@@ -265,10 +336,12 @@ class Payloads:
         self._words: list[str] = words.tolist()
         self._datasets: list[list[str] | None] = [None] * len(classes)
         self._conversations: list[list[list[str]] | None] = [None] * len(classes)
+        self.tokenizer = load_tokenizer(scenario)
+        self.counts_output = self.tokenizer is not None  # a client keeps answers' text to count them
         for i, c in enumerate(classes):
             if c.dataset:
+                self._datasets[i] = class_prompts(scenario, i).texts
                 with scenario.about(("workload", "classes", i, "dataset", "file")):
-                    self._datasets[i] = read_dataset(c.dataset, scenario.resolve_path(c.dataset.file))
                     if plays_conversations(c):
                         self._conversations[i] = read_conversations(scenario.resolve_path(c.dataset.file))
         self._prefix_tokens = [c.session.shared_prefix.tokens if c.session and c.session.shared_prefix else 0
@@ -277,6 +350,13 @@ class Payloads:
         self._seed = text_seed(scenario)  # a Mooncake block's words
         self._tensors = [[make_tensors(c.tensors, rng, scenario, ("workload", "classes", i, "tensors"))
                           for _ in range(TENSOR_POOL)] if c.tensors else None for i, c in enumerate(classes)]
+
+    def count_output(self, outcome: Outcome, text: str) -> None:
+        """A successful answer the server said no output count for (no usage): its text's tokens,
+        counted by workload.tokenizer (`output_by_tokenizer`). Nothing without a tokenizer."""
+        if self.tokenizer is not None and outcome.error is None and not outcome.tokens_from_usage:
+            outcome.output_tokens = self.tokenizer.count(text)
+            outcome.output_by_tokenizer = True
 
     def synthetic_prompt(self, tokens: int, start: int) -> str:
         """`tokens` words of the synthetic text, from word `start` on (wrapping around)."""

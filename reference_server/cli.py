@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from reference_server.backends import BACKENDS
-from reference_server.config import MAX_REPLICAS, ServerConfig
+from reference_server.config import MAX_REPLICAS, ServerConfig, parse_adapter
 from reference_server.errors import StartupError
 from reference_server.model import DEFAULT_CACHE
 from reference_server.supervisor import replica_main, supervise
@@ -19,6 +19,19 @@ def _option(*decls: str, env: str | None = None, **kwargs):
     """A click option that falls back to LATSCOPE_REF_<NAME> (NAME from the flag unless `env` is given)."""
     name = env or decls[0].lstrip("-").upper().replace("-", "_")
     return click.option(*decls, envvar=f"LATSCOPE_REF_{name}", show_envvar=True, show_default=True, **kwargs)
+
+
+def _adapters(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
+    adapters: dict[str, float] = {}
+    for spec in value:
+        try:
+            name, factor = parse_adapter(spec)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), ctx, param) from None
+        if name in adapters:
+            raise click.BadParameter(f"{name!r} is named twice", ctx, param)
+        adapters[name] = factor
+    return tuple(adapters.items())
 
 
 @click.group()
@@ -82,6 +95,12 @@ def main() -> None:
 @_option("--prefix-cache-mb", type=click.IntRange(min=0), default=256,
          help="MiB of prompt-prefix keys and values the decoder keeps for reuse (blocks of 16 tokens, least "
               "recently used evicted first); 0 turns prefix caching off.")
+@_option("--reasoning-tokens", type=click.IntRange(min=0), default=0,
+         help="Reasoning tokens a chat, responses or messages answer starts with unless the request asks for "
+              "another count (they count toward its max_tokens, as OpenAI and Anthropic count them).")
+@_option("--adapter", "adapters", env="ADAPTER", multiple=True, callback=_adapters, metavar="NAME=FACTOR",
+         help="A named adapter over the decoder (repeatable): model NAME on the generation APIs, costing FACTOR "
+              "(1 to 16) model runs per token. Env: space-separated.")
 def serve(**flags) -> None:
     """Serve the model until SIGTERM/SIGINT; prints 'ready http://HOST:PORT' once it accepts traffic."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

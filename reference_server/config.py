@@ -13,6 +13,7 @@ replicas' calls hit the cache.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,8 @@ from reference_server.model import DEFAULT_CACHE, EncoderConfig, IdentityConfig,
 
 log = logging.getLogger(__name__)
 
+MAX_ADAPTER_FACTOR = 16.0  # an adapter's model runs per token, at most
+_ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
 MAX_REPLICAS = 32  # the admin API refuses to run more at once (each one is a process with its own model)
 
 
@@ -58,6 +61,24 @@ class ServerConfig:
     # default decoder (128 KiB per 16 tokens), 32k tokens: 32 full 1024-token conversations, half of what the
     # decode batch itself can hold (64 sequences x 1024 tokens x 8 KiB = 512 MiB), small for any host.
     prefix_cache_mb: int = 256
+    reasoning_tokens: int = 0  # reasoning tokens of a chat / responses / messages answer unless the request says
+    # Named adapters over the decoder: (name, cost factor) pairs, factor = model runs per token (generation.py).
+    adapters: tuple[tuple[str, float], ...] = ()
+
+
+def parse_adapter(spec: str) -> tuple[str, float]:
+    """`NAME=FACTOR` (the --adapter flag) -> (NAME, FACTOR); ValueError saying what is wrong."""
+    name, sep, factor_text = spec.partition("=")
+    if not sep or not _ADAPTER_NAME.fullmatch(name):
+        raise ValueError(f"{spec!r}: expected NAME=FACTOR, NAME of letters, digits and . _ : / - (e.g. "
+                         f"'tenant-a=3')")
+    try:
+        factor = float(factor_text)
+    except ValueError:
+        raise ValueError(f"{spec!r}: the cost factor {factor_text!r} is not a number") from None
+    if not 1 <= factor <= MAX_ADAPTER_FACTOR:
+        raise ValueError(f"{spec!r}: the cost factor must be in [1, {MAX_ADAPTER_FACTOR:g}] (model runs per token)")
+    return name, factor
 
 
 def resolve_model(config: ServerConfig) -> Path:

@@ -18,6 +18,16 @@ The inference thread loops:
 A sequence leaves the batch when it has `max_tokens` tokens (greedy argmax; there is no end-of-sequence
 token, so every answer is exactly max_tokens long) or when its client cancels it.
 
+Cost factors (named adapters, `--adapter NAME=FACTOR`): a sequence submitted with `factor` f >= 1 costs f
+model runs per token. It carries a credit: every run it takes part in adds 1, and a run's result is kept
+only when the credit reaches f (then f is taken off); the other runs are computed and thrown away. So its
+prompt's prefill runs ceil(f) times back to back (its group holds only sequences of the same factor), and
+in the decode batch it keeps one step's result in f on average (exactly every f-th step for a whole f;
+1.5: steps 1, 3, 4, 6, ... after a prefill that left 0.5): its time per token is f times the step time of
+the batch it decodes in, while the other rows still get a token every step. A thrown-away step's new KV
+column is removed from that row by shifting the row right by one column (a padding column comes in on the
+left), so the row's cache is exactly as before the step and the batch's width stays bounded.
+
 KV cache layout: the decode batch keeps, per layer, one key and one value array [rows, heads, T, head_dim]
 and an attention mask [rows, T]. Every row is **left-padded**: its real tokens are its last `length`
 columns (but for the gap below), the columns before are padding with mask 0. A decode step appends one
@@ -36,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -57,6 +68,9 @@ StepObserver = Callable[[int, int], None]
 """Called from the inference thread after each decode step with (rows, compute ns)."""
 PromptObserver = Callable[[int, int], None]
 """Called from the inference thread after each prefill run with (prompt tokens, of which taken from the cache)."""
+TokenObserver = Callable[[int], None]
+"""Called from the inference thread with the number of tokens each prefill or decode step handed out (a cost
+factor's thrown-away runs hand out none)."""
 
 MAX_PREFILL_TOKENS = 4096  # prompt tokens computed between two decode steps (one long prompt always fits)
 
@@ -83,9 +97,12 @@ class Generation:
     when its client goes away (harmless once finished). Timing fields are perf_counter_ns values written
     by the inference thread; they are complete once `tokens()` has returned []."""
 
-    def __init__(self, prompt: np.ndarray, max_tokens: int, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, prompt: np.ndarray, max_tokens: int, loop: asyncio.AbstractEventLoop, factor: float = 1.0,
+                 cache_salt: bytes = b"") -> None:
         self.prompt = prompt
         self.max_tokens = max_tokens
+        self.factor = factor  # model runs per token (module docstring: cost factors)
+        self.cache_salt = cache_salt  # starts its prefix-cache keys (an adapter's own blocks)
         self.enqueued_ns = time.perf_counter_ns()
         self.prefill_start_ns = 0
         self.prefill_ns = 0  # the prefill run of this sequence's group
@@ -105,6 +122,7 @@ class Generation:
         self._next = 0
         self._keys: list[bytes] | None = None
         self._hit: list[np.ndarray] = []
+        self._credit = 0.0  # runs taken part in, less f per kept result (cost factors)
 
     @property
     def queue_ns(self) -> int:
@@ -215,7 +233,7 @@ class Generator:
     def __init__(self, run: RunFn, config: DecoderConfig, *, max_sequences: int, max_waiting: int,
                  max_prefill_tokens: int = MAX_PREFILL_TOKENS, on_prefill: PrefillObserver | None = None,
                  on_step: StepObserver | None = None, prefix_cache: PrefixCache | None = None,
-                 on_prompt: PromptObserver | None = None) -> None:
+                 on_prompt: PromptObserver | None = None, on_tokens: TokenObserver | None = None) -> None:
         if max_sequences < 1 or max_waiting < 1 or max_prefill_tokens < 1:
             raise ValueError("max_sequences, max_waiting and max_prefill_tokens must be >= 1")
         self._run_fn = run
@@ -226,6 +244,7 @@ class Generator:
         self._on_prefill = on_prefill
         self._on_step = on_step
         self._on_prompt = on_prompt
+        self._on_tokens = on_tokens
         self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache(0)  # owned by the thread
         self._past = past_names(config.layers)
         self._present = present_names(config.layers)
@@ -256,18 +275,23 @@ class Generator:
         """Sequences submitted but not yet admitted."""
         return len(self._waiting)
 
-    def submit(self, prompt: Iterable[int] | np.ndarray, max_tokens: int) -> Generation:
-        """Queue one sequence; call from a running event loop. Raises ValueError (ContextTooLong) for a
-        request that can never run, Overloaded when the waiting queue is full or the generator is stopping."""
+    def submit(self, prompt: Iterable[int] | np.ndarray, max_tokens: int, *, factor: float = 1.0,
+               cache_salt: bytes = b"") -> Generation:
+        """Queue one sequence; call from a running event loop. `factor` >= 1: model runs per token (cost
+        factors, in the module docstring); `cache_salt`: its prefix-cache blocks are those of this salt only.
+        Raises ValueError (ContextTooLong) for a request that can never run, Overloaded when the waiting queue is
+        full or the generator is stopping."""
         ids = np.asarray(prompt if isinstance(prompt, np.ndarray) else list(prompt), dtype=np.int64)
         if ids.ndim != 1 or ids.size == 0:
             raise ValueError("the prompt must be a non-empty list of token ids")
         if max_tokens < 1:
             raise ValueError("max_tokens must be at least 1")
+        if not factor >= 1:
+            raise ValueError("factor must be >= 1")
         if ids.size + max_tokens > self.config.max_context:
             raise ContextTooLong(f"prompt ({ids.size} tokens) + max_tokens ({max_tokens}) is over the context "
                                  f"of {self.config.max_context} tokens")
-        generation = Generation(ids, max_tokens, asyncio.get_running_loop())
+        generation = Generation(ids, max_tokens, asyncio.get_running_loop(), factor, cache_salt)
         with self._cond:
             if self._stopping:
                 raise Overloaded("server is shutting down")
@@ -331,17 +355,17 @@ class Generator:
         if not self.prefix_cache.enabled:
             return
         if g._keys is None:
-            g._keys = block_keys(g.prompt)
+            g._keys = block_keys(g.prompt, g.cache_salt)
         g._hit = self.prefix_cache.lookup(g._keys, usable_blocks(g.prompt.size))
         g.cached_tokens = len(g._hit) * BLOCK_TOKENS
 
     @staticmethod
     def _groups(admitted: list[Generation]) -> list[list[Generation]]:
         """Prefill groups: same cached length, and same power-of-two bucket of tokens to compute, so a short
-        prompt never pays for a long one; shortest first."""
-        groups: dict[tuple[int, int], list[Generation]] = {}
+        prompt never pays for a long one, and same cost factor (the group's run is repeated for it); shortest first."""
+        groups: dict[tuple[int, int, float], list[Generation]] = {}
         for g in admitted:
-            groups.setdefault((_bucket(g.prompt.size - g.cached_tokens), g.cached_tokens), []).append(g)
+            groups.setdefault((_bucket(g.prompt.size - g.cached_tokens), g.cached_tokens, g.factor), []).append(g)
         return [groups[k] for k in sorted(groups)]
 
     def _prefill(self, group: list[Generation], batch: _Batch) -> None:
@@ -361,19 +385,24 @@ class Generator:
                   **self._past_inputs(group, past)}
         for g in group:
             g.prefill_start_ns = start
-        try:
-            outputs = self._run_fn(inputs)
-        except Exception as exc:  # noqa: BLE001 - fail these requests, keep serving the others
-            log.warning("prefill of %d sequences failed: %s", rows, exc)
-            self._fail(group, GenerationFailed(f"prefill failed: {exc}"))
-            return
-        end = time.perf_counter_ns()
-        if self._on_prefill:
-            self._on_prefill(rows, rows * width, end - start)
+        runs = math.ceil(group[0].factor)  # a cost factor's extra runs are thrown away; the last one is kept
+        run_start = start  # the first run's time includes gathering the cached blocks, as it always did
+        for _ in range(runs):
+            try:
+                outputs = self._run_fn(inputs)
+            except Exception as exc:  # noqa: BLE001 - fail these requests, keep serving the others
+                log.warning("prefill of %d sequences failed: %s", rows, exc)
+                self._fail(group, GenerationFailed(f"prefill failed: {exc}"))
+                return
+            end = time.perf_counter_ns()
+            if self._on_prefill:
+                self._on_prefill(rows, rows * width, end - run_start)
+            run_start = end
         if self._on_prompt:
             self._on_prompt(sum(g.prompt.size for g in group), rows * past)
         for g in group:
             g.prefill_ns, g.prefill_rows, g._length, g._hit = end - start, rows, g.prompt.size, []
+            g._credit = runs - g.factor
         self._emit(group, outputs["logits"].argmax(axis=-1), end)
         cache = [outputs[name] for name in self._present]
         self._store(group, cache, past, width)
@@ -431,12 +460,38 @@ class Generator:
             self._on_step(rows, end - start)
         batch.cache = [outputs[name] for name in self._present]
         batch.mask = mask
-        for g in batch.rows:
-            g._length += 1
-        self._emit(batch.rows, outputs["logits"].argmax(axis=-1), end)
+        kept = []
+        for i, g in enumerate(batch.rows):
+            g._credit += 1
+            if g._credit >= g.factor:
+                g._credit -= g.factor
+                g._length += 1
+                kept.append(i)
+        token_ids = outputs["logits"].argmax(axis=-1)
+        if len(kept) < rows:
+            self._throw_away(batch, sorted(set(range(rows)).difference(kept)))
+            token_ids = token_ids[kept]
+        self._emit([batch.rows[i] for i in kept], token_ids, end)
+
+    @staticmethod
+    def _throw_away(batch: _Batch, rows: list[int]) -> None:
+        """Undo the last step for `rows` (their cost factor's extra runs): each row's new last column goes, the row
+        shifts right by one with a padding column coming in on the left; then leading columns no row attends are cut."""
+        index = np.array(rows)
+        for a in batch.cache:  # [rows, heads, T, head_dim]
+            a[index, :, 1:] = a[index, :, :-1]
+            a[index, :, 0] = 0
+        batch.mask[index, 1:] = batch.mask[index, :-1]
+        batch.mask[index, 0] = 0
+        first = int(np.argmax(batch.mask.any(axis=0)))
+        if first:
+            batch.mask = np.ascontiguousarray(batch.mask[:, first:])
+            batch.cache = [np.ascontiguousarray(a[:, :, first:]) for a in batch.cache]
 
     def _emit(self, rows: list[Generation], token_ids: np.ndarray, now_ns: int) -> None:
         """Record one new token per row and hand them to their event loops, one wake-up per loop."""
+        if self._on_tokens and rows:
+            self._on_tokens(len(rows))
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, object]]] = {}
         for g, token_id in zip(rows, token_ids.tolist()):
             g.generated += 1

@@ -113,9 +113,9 @@ class Metrics:
         self.queue_depth = Gauge(f"{PREFIX}_queue_depth", "Requests waiting for the inference thread", registry=r)
         # Text generation (openai_api.py, generation.py); the server points the two gauges at its generator.
         self.generation_requests = Counter(f"{PREFIX}_generation_requests", "Generation requests admitted, by API "
-                                           "(completions, chat) and streaming", ["api", "stream"], registry=r)
+                                           "(completions, chat, responses, messages) and streaming", ["api", "stream"], registry=r)
         self.generated_tokens = Counter(f"{PREFIX}_generated_tokens", "Tokens generated (by prefills and decode "
-                                        "steps)", registry=r)
+                                        "steps; an adapter's thrown-away runs make none)", registry=r)
         self.ttft_seconds = Histogram(f"{PREFIX}_time_to_first_token_seconds", "Generation: request received to "
                                       "first token generated", buckets=LATENCY_BUCKETS, registry=r)
         self.prefill_seconds = Histogram(f"{PREFIX}_prefill_duration_seconds", "Per prefill run (one or more "
@@ -150,8 +150,7 @@ class Metrics:
         self.compute_seconds.observe(compute_ns / 1e9)
 
     def on_prefill(self, rows: int, tokens: int, compute_ns: int) -> None:
-        """Generator observer: one call per prefill run (each row yields its first token), inference thread."""
-        self.generated_tokens.inc(rows)
+        """Generator observer: one call per prefill run, inference thread."""
         self.prefill_seconds.observe(compute_ns / 1e9)
 
     def on_prompt(self, prompt_tokens: int, cached_tokens: int) -> None:
@@ -160,10 +159,13 @@ class Metrics:
         self.prefix_cache_hits.inc(cached_tokens)
 
     def on_decode_step(self, rows: int, compute_ns: int) -> None:
-        """Generator observer: one call per decode step (one token per row), inference thread."""
-        self.generated_tokens.inc(rows)
+        """Generator observer: one call per decode step (rows: the sequences it ran), inference thread."""
         self.decode_batch_size.observe(rows)
         self.decode_step_seconds.observe(compute_ns / 1e9)
+
+    def on_tokens(self, tokens: int) -> None:
+        """Generator observer: tokens handed to their requests (by a prefill or a decode step), inference thread."""
+        self.generated_tokens.inc(tokens)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

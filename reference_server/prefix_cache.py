@@ -46,11 +46,13 @@ BLOCK_TOKENS = 16
 _DIGEST_BYTES = 16  # 128-bit keys
 
 
-def block_keys(prompt: np.ndarray) -> list[bytes]:
-    """The chain keys of the prompt's full blocks (len(prompt) // BLOCK_TOKENS of them)."""
+def block_keys(prompt: np.ndarray, salt: bytes = b"") -> list[bytes]:
+    """The chain keys of the prompt's full blocks (len(prompt) // BLOCK_TOKENS of them). A `salt` (an adapter's
+    name) starts the chain, so prompts of different adapters never share blocks (their keys and values differ
+    on a real server; vLLM keys blocks by LoRA id too)."""
     ids = np.ascontiguousarray(prompt, dtype="<i8")
     keys: list[bytes] = []
-    previous = b""
+    previous = salt
     for start in range(0, ids.size - BLOCK_TOKENS + 1, BLOCK_TOKENS):
         previous = hashlib.blake2b(previous + ids[start:start + BLOCK_TOKENS].tobytes(),
                                    digest_size=_DIGEST_BYTES).digest()

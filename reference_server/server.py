@@ -29,12 +29,13 @@ from reference_server.backends import choose_backend
 from reference_server.backends.base import Backend, BackendUnavailable
 from reference_server.batcher import Batcher
 from reference_server.config import ServerConfig, resolve_model
+from reference_server.embeddings_api import mount_embeddings
 from reference_server.errors import StartupError
+from reference_server.generation_api import mount_generator
 from reference_server.grpc_server import bind_grpc
 from reference_server.http_server import ServedModel, make_app
 from reference_server.lifecycle import ReplicaRole, managed_model
 from reference_server.metrics import Metrics
-from reference_server.openai_api import mount_generator
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,7 @@ async def serve(config: ServerConfig, replica: ReplicaRole | None = None) -> Non
     app = make_app(served, metrics,
                    max_body_bytes=config.max_body_bytes, extra_latency_ms=config.extra_latency_ms,
                    replica_id=replica.id if replica else None)
+    mount_embeddings(app, config, served)  # /v1/embeddings, /v1/rerank: the built-in encoder only
     generator = mount_generator(app, config, metrics)  # None with --no-generator
     if config.extra_latency_ms:
         log.info("extra latency: %.1f ms added to every infer request (--extra-latency-ms)", config.extra_latency_ms)

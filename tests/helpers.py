@@ -56,3 +56,37 @@ def run_cli_until(scenario: Path, out: Path, after_s: float, sig: int, workers: 
     proc.send_signal(sig)
     output, _ = proc.communicate(timeout=30)
     return proc.returncode, output
+
+
+# A chat template in the shape Hugging Face ships (tokenizer_config.json's `chat_template`): every
+# message between role markers, BOS first, the generation prompt last. Its special tokens are in
+# the test tokenizer's vocabulary, one token each.
+TEST_CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+                      "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+TEST_SPECIALS = ("[UNK]", "<s>", "</s>", "<|user|>", "<|assistant|>", "<|end|>")
+
+
+def build_tokenizer(path: Path, chat_template: str | None = None) -> Path:
+    """A small byte-level BPE tokenizer.json trained here, in milliseconds, on text of common English
+    words and punctuation (never downloaded), with a BOS post-processor (`<s>` first, as Llama's);
+    with `chat_template`, written into the file as a top-level `chat_template` (tokenizer.py reads it)."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    from latscope.workload import VOCABULARY
+
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=list(TEST_SPECIALS), show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    words = list(VOCABULARY)
+    text = [" ".join(words[i:] + words[:i]) + ", and so on." for i in range(0, len(words), 7)]
+    tok.train_from_iterator(text, trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))])
+    doc = json.loads(tok.to_str())
+    if chat_template is not None:
+        doc["chat_template"] = chat_template
+    path.write_text(json.dumps(doc))
+    return path

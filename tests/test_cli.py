@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -92,6 +93,9 @@ def test_shipped_scenarios_are_valid_and_launch_the_reference_server():
         data = yaml.safe_load(path.read_text())
         if path.stem in ("smoke", "burst", "scale_up"):
             assert "python -m reference_server serve" in data["target"]["launch"]["command"], path.name
+        if path.stem == "adapter_mix":  # each class's model is said (a class without one takes the target's)
+            assert re.search(r"class tenant-a-rag .*/v1/chat/completions  model tenant-a\n", r.stdout), r.stdout
+            assert re.search(r"class tenant-c .*/v1/chat/completions  model tenant-c\n", r.stdout), r.stdout
 
 
 def test_schema_is_json_schema():

@@ -63,6 +63,18 @@ def test_the_final_summary_says_the_goodput_in_one_line_and_goodput_slos_in_thei
     assert "goodput" not in out.getvalue()
 
 
+def test_reasoning_tokens_ttfot_and_empty_answers_get_a_line_per_class():
+    from latscope.console import answers_lines
+
+    summary = {"requests_by_class": {"think": {"completed": 4, "empty": 0}, "terse": {"completed": 9, "empty": 3},
+                                     "plain": {"completed": 5}},  # an older summary: no `empty`
+               "tokens": {"think": {"output_tokens": 420, "reasoning_tokens": 400}, "terse": {"output_tokens": 6}},
+               "metrics": {"ttfot": {"think": {"p50_ms": 812.5}}, "ttft": {"think": {"p50_ms": 40.25}}}}
+    assert answers_lines(summary) == [
+        "answers think: 400 reasoning tokens of 420 output tokens · TTFOT p50 812.50 ms (TTFT p50 40.25 ms)",
+        "answers terse: 3 empty answers (completed with 0 output tokens, no TTFT)"]
+
+
 def test_scale_from_zero_is_said_after_a_real_idle_stretch_only_of_a_target_with_replicas(tmp_path):
     """Two real runs with an idle phase: the target that names its replica (X-Replica-Id) gets its
     "scale from zero after idle" line; the one that names none (nothing to scale) does not, unless

@@ -11,10 +11,12 @@ from latscope.scenario import load_scenario
 from conftest import REPO, free_port
 
 
-def _run(name: str, tmp_path: Path, *overrides: str, grpc: bool = False) -> dict:
+def _run(name: str, tmp_path: Path, *overrides: str, grpc: bool = False, command_sub: tuple[str, str] = ("", "")) -> dict:
+    """`command_sub`: (old, new) text replaced in the scenario's launch command too."""
     port, grpc_port = free_port(), free_port()
     scenario = REPO / "scenarios" / f"{name}.yaml"
     command = load_scenario(scenario).target.launch.command.replace("8765", str(port)).replace("8766", str(grpc_port))
+    command = command.replace(*command_sub) if command_sub[0] else command
     sets = [f"target.url=http://127.0.0.1:{port}", f"target.launch.command={command}",
             f"target.launch.ready_url=http://127.0.0.1:{port}/v2/health/ready", f"output.dir={tmp_path}",
             "output.report=false", *overrides]  # these tests read summaries, never the report
@@ -79,3 +81,93 @@ def test_mooncake_replay_sends_the_traces_blocks(tmp_path):
 
     schedule = pd.read_parquet(next(tmp_path.glob("mooncake_replay-*")) / "schedule.parquet")
     assert schedule["prompt_tokens"].max() <= 512 and schedule["output_tokens"].max() <= 32
+
+
+def _all_completed(summary: dict, **at_least: int) -> dict[str, int]:
+    """Every request the plan scheduled outside warm-up completed, none failed; the classes' counts,
+    each at least as many as given (the scenarios are seeded: their plans are the same every run)."""
+    assert summary["requests"]["errors"] == 0, summary["error_examples"]
+    by_class = summary["requests_by_class"]
+    done = {c: by_class[c]["completed"] for c in at_least}
+    assert all(by_class[c]["completed"] == by_class[c]["scheduled"] >= n for c, n in at_least.items()), by_class
+    return done
+
+
+def test_reasoning_chat_times_the_answer_after_the_reasoning(tmp_path):
+    """48 reasoning tokens before the answer for `think`, none for `quick` (the same server): think's
+    first output token comes a reasoning span after its first token; quick's is its first token."""
+    s = _run("reasoning_chat", tmp_path, "phases.0.duration=1s", "phases.1.duration=6s", "phases.1.arrival.rate=3",
+             "slos=[]")
+    done = _all_completed(s, think=15, quick=2)  # the seeded plan: 19 and 3
+    m, tokens = s["metrics"], s["tokens"]
+    assert m["reasoning_time"]["think"]["count"] == done["think"]  # every think stream reasoned, then answered
+    assert m["reasoning_time"].get("quick", {"count": 0})["count"] == 0
+    assert m["ttfot"]["quick"] == m["ttft"]["quick"]  # no reasoning: the first token is the answer's
+    # 47 gaps between 48 reasoning tokens lie between think's first token and its first answer token
+    assert m["ttfot"]["think"]["min_ms"] > m["ttft"]["think"]["min_ms"] + 47 * m["itl"]["think"]["min_ms"]
+    assert tokens["think"]["reasoning_tokens"] == 48 * done["think"]  # the server's usage says it
+    assert tokens["think"]["output_tokens"] == 80 * done["think"] and tokens["quick"]["output_tokens"] == 32 * done["quick"]
+
+
+def test_responses_streams_reasoning_then_the_answer_with_usage(tmp_path):
+    s = _run("responses", tmp_path, "phases.0.duration=1s", "phases.1.duration=5s", "phases.1.arrival.rate=3", "slos=[]")
+    done = _all_completed(s, ask=10)["ask"]  # the seeded plan: 13
+    t = s["tokens"]["ask"]
+    assert t["output_count_source"] == "usage" and t["output_tokens"] == 48 * done and t["reasoning_tokens"] == 16 * done
+    m = s["metrics"]
+    assert m["ttft"]["ask"]["count"] == m["ttfot"]["ask"]["count"] == m["reasoning_time"]["ask"]["count"] == done
+    assert m["ttfot"]["ask"]["min_ms"] > m["ttft"]["ask"]["min_ms"] + 15 * m["itl"]["ask"]["min_ms"]
+
+
+def test_messages_streams_thinking_then_text(tmp_path):
+    s = _run("messages", tmp_path, "phases.0.duration=1s", "phases.1.duration=5s", "phases.1.arrival.rate=3", "slos=[]")
+    done = _all_completed(s, ask=10)["ask"]  # the seeded plan: 12
+    t = s["tokens"]["ask"]
+    # the API says no reasoning count: the 16 thinking_delta chunks are counted
+    assert t["output_count_source"] == "usage" and t["output_tokens"] == 48 * done and t["reasoning_tokens"] == 16 * done
+    m = s["metrics"]
+    assert m["reasoning_time"]["ask"]["count"] == done
+    assert m["ttfot"]["ask"]["min_ms"] > m["ttft"]["ask"]["min_ms"] + 15 * m["itl"]["ask"]["min_ms"]
+
+
+def test_embeddings_sends_batches_and_counts_inputs(tmp_path):
+    s = _run("embeddings", tmp_path, "phases.0.duration=1s", "phases.1.duration=6s", "workload.classes.1.weight=4",
+             "slos=[]")
+    done = _all_completed(s, query=14, ingest=5)  # the seeded plan: 18 and 7
+    query, ingest = s["batch"]["query"], s["batch"]["ingest"]
+    assert query["unit"] == "inputs" and query["items"] == query["completed"] == done["query"]
+    assert ingest["completed"] == done["ingest"] and 4 <= ingest["items_per_request"] <= 16
+    # each input of a request has one length in [32, 128] words, one token each on the reference server,
+    # whose usage counts them
+    assert 32 * ingest["items"] <= ingest["input_tokens"] <= 128 * ingest["items"]
+    assert 8 * query["items"] <= query["input_tokens"] <= 32 * query["items"]
+
+
+def test_rerank_sends_eight_documents_a_request(tmp_path):
+    s = _run("rerank", tmp_path, "phases.0.duration=1s", "phases.1.duration=6s", "slos=[]")
+    done = _all_completed(s, rerank=12)["rerank"]  # the seeded plan: 17
+    r = s["batch"]["rerank"]
+    assert r["completed"] == done and r["unit"] == "documents" and r["items"] == 8 * done
+    assert s["metrics"]["latency"]["rerank"]["count"] == r["completed"]
+
+
+def test_adapter_mix_groups_by_model_and_names_the_costly_adapter(tmp_path):
+    """Equal weights here (the scenario gives tenant-a 82 %), so each adapter has some requests in 14 s;
+    tenant-c's adapter 8x as costly (the scenario's: 4x) and 16-token answers, so that its cost stands out
+    of a busy box's noise in a few requests."""
+    s = _run("adapter_mix", tmp_path, "phases.0.duration=2s", "phases.1.duration=14s", "phases.1.arrival.rate=1.5",
+             *(f"workload.classes.{i}.{field}" for i in range(4) for field in ("weight=1", "output_tokens=16")),
+             "slos=[]", command_sub=("tenant-c=4", "tenant-c=8"))
+    done = _all_completed(s, **{"tenant-a-chat": 8, "tenant-a-rag": 8, "tenant-b": 3, "tenant-c": 4})  # plan: 10, 11, 4, 5
+    models = s["models"]
+    assert models["by_model"]["tenant-a"]["classes"] == ["tenant-a-chat", "tenant-a-rag"]
+    assert {m: g["requests"]["completed"] for m, g in models["by_model"].items()} == {
+        "tenant-a": done["tenant-a-chat"] + done["tenant-a-rag"], "tenant-b": done["tenant-b"], "tenant-c": done["tenant-c"]}
+    fairness = {f["metric"]: f for f in models["fairness"]}
+    assert set(fairness) == {"ttft", "latency"}
+    # A tenant-c token takes 8 of the batch's decode steps, a tenant-a token 1 (the same steps, when they
+    # overlap): its TPOT is ~8x; > 3x leaves room for the steps of one stretch of the run being 2.7x as
+    # slow as another's (other work on the box), its answers are the slowest.
+    tpot = {m: g["metrics"]["tpot"]["p50_ms"] for m, g in models["by_model"].items()}
+    assert tpot["tenant-c"] > 3 * tpot["tenant-a"], tpot
+    assert fairness["latency"]["worst"] == "tenant-c" and fairness["latency"]["ratio"] > 2

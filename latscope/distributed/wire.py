@@ -34,7 +34,7 @@ from latscope.distributed.frames import pack, unpack
 from latscope.plan import Plan, PhasePlan
 from latscope.records import IntervalReport, Probe
 from latscope.recorder import new_histogram
-from latscope.results.schema import COUNTERS, TURN_COUNTERS
+from latscope.results.schema import COUNTERS, TURN_COUNTERS, add_counters
 from latscope.sessions import Turns
 
 CHUNK = 1 << 20  # a file travels (and is hashed) this many bytes at a time, either way
@@ -136,7 +136,7 @@ def merge_reports(reports: list[IntervalReport], worker: int) -> IntervalReport:
         for metric, n in r.clamped.items():
             clamped[metric] = clamped.get(metric, 0) + n
         for key, row in r.counters.items():
-            counters[key] = counters.get(key, 0) + np.asarray(row, np.int64)
+            counters[key] = add_counters(counters.get(key), np.asarray(row, np.int64))  # sums, a few maxima
         for key, row in r.turns.items():
             turns[key] = turns.get(key, 0) + np.asarray(row, np.int64)
         for name, first in r.replicas.items():

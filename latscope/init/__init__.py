@@ -14,7 +14,7 @@ URL are used for the probe and never written: the file reads them from the envir
 from __future__ import annotations
 
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -34,7 +34,14 @@ __all__ = ["DEFAULT_FILE", "Starter", "check_options", "check_out_file", "make_s
 DEFAULT_FILE = "latscope.yaml"
 USER_VAR, PASSWORD_VAR = "TARGET_USER", "TARGET_PASSWORD"  # where a starter reads the URL's credentials from
 _WORDS = {"openai": "an OpenAI-compatible server", "kserve-v2": "a KServe v2 server (REST)",
-          "kserve-v2-grpc": "a KServe v2 server (gRPC)", "http": "an HTTP server"}
+          "kserve-v2-grpc": "a KServe v2 server (gRPC)", "http": "an HTTP server",
+          "openai-responses": "an OpenAI-compatible server (for its Responses API)",
+          "anthropic-messages": "an OpenAI-compatible server (for its Anthropic Messages API)",
+          "openai-embeddings": "an OpenAI-compatible server (for its embeddings)",
+          "rerank": "an OpenAI-compatible server (for its rerank API)"}
+# Protocols the probe does not ask for by their own routes: written for a server that answered as
+# OpenAI-compatible (vLLM and the reference server serve them beside /v1/models).
+OPENAI_FAMILY = ("openai-responses", "anthropic-messages", "openai-embeddings", "rerank")
 
 
 @dataclass
@@ -120,7 +127,8 @@ def _reference_starter(use_case: str | None, preset: str | None, protocol: str, 
         return Starter(header + preset, preset_protocol(preset), data["target"].get("model"), data["target"]["url"],
                        [f"the {use_case} preset, launching the reference server"])
     url = f"grpc://127.0.0.1:{REF_GRPC}" if protocol == "kserve-v2-grpc" else f"http://127.0.0.1:{REF_HTTP}"
-    default_model = {"openai": "decoder", "http": None}.get(protocol, "encoder")
+    default_model = {"openai": "decoder", "openai-responses": "decoder", "anthropic-messages": "decoder",
+                     "http": None}.get(protocol, "encoder")  # kserve-v2*, embeddings and rerank: the encoder
     endpoint = Endpoint(protocol, url, model=model or default_model, inputs=REF_ENCODER, launch=True,
                         path="/v2/models/encoder/infer" if protocol == "http" else "/")
     header = [f"latscope starter scenario, written by `latscope init` without a URL: it launches latscope's reference "
@@ -136,7 +144,9 @@ def _comment(lines: list[str]) -> str:
 
 def _what(protocol: str) -> str:
     return {"openai": "streaming chat completions", "kserve-v2": "KServe v2 inference requests",
-            "kserve-v2-grpc": "KServe v2 gRPC inference requests", "http": "plain HTTP requests"}[protocol]
+            "kserve-v2-grpc": "KServe v2 gRPC inference requests", "http": "plain HTTP requests",
+            "openai-responses": "streaming Responses API requests", "anthropic-messages": "streaming Messages API requests",
+            "openai-embeddings": "embeddings requests", "rerank": "rerank requests"}[protocol]
 
 
 def _probed_starter(url: str, use_case: str | None, preset: str | None, protocol: str | None, model: str | None,
@@ -150,7 +160,8 @@ def _probed_starter(url: str, use_case: str | None, preset: str | None, protocol
     shown = redact_url(urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])))  # no user:password@
     wanted = preset_protocol(preset) if preset is not None else protocol
     chosen, warning = _choose(result, wanted, url, model, shown)
-    notes = [f"found {_WORDS[chosen.protocol]}: {chosen.detail}"] if chosen in result.found else []
+    probed = chosen in result.found or (warning is None and chosen.protocol in OPENAI_FAMILY)
+    notes = [f"found {_WORDS[chosen.protocol]}: {chosen.detail}"] if probed else []
     notes += [f"also speaks {f.protocol}" + (f" (model {f.model})" if f.model else "") + f": --protocol {f.protocol}"
               for f in result.found if f is not chosen and f.protocol != "http" and preset is None]
     notes += result.hints
@@ -185,6 +196,9 @@ def _choose(result: Probe, wanted: str | None, url: str, model: str | None, show
         for f in result.found:
             if f.protocol == wanted or (wanted == "kserve-v2" and f.protocol == "kserve-v2-grpc"):
                 return f, None
+            if wanted in OPENAI_FAMILY and f.protocol == "openai":  # its own route is not probed
+                return replace(f, protocol=wanted, model=model or f.model,
+                               detail=f"{f.detail} ({wanted}'s own route not probed)"), None
         spoke = ", ".join(f.protocol for f in result.found if f.protocol != "http") or "plain HTTP only"
         why = failed or f"{shown} did not answer as {wanted} (it answered: {spoke})"
         return _unconfirmed(wanted, url, model), f"{why}; wrote the {wanted} scenario asked for: check it before a run"

@@ -21,7 +21,11 @@ from latscope.init.probe import Input
 from latscope.scenario.workload import DTYPES
 
 WARMUP_S, MEASURED_S = 3, 30
-RATE = {"openai": 2, "kserve-v2": 10, "kserve-v2-grpc": 10, "http": 10}  # req/s: modest, for an endpoint we know nothing of
+# req/s: modest, for an endpoint we know nothing of
+RATE = {"openai": 2, "openai-responses": 2, "anthropic-messages": 2, "openai-embeddings": 10, "rerank": 5, "kserve-v2": 10,
+        "kserve-v2-grpc": 10, "http": 10}
+STREAMING = ("openai", "openai-responses", "anthropic-messages")  # answers streamed token by token: TTFT
+BATCH = ("openai-embeddings", "rerank")
 SEQUENCE = 16  # what a -1 (any size) dimension of a KServe input becomes, after the batch dimension
 
 # The reference server a starter without a URL launches, as scenarios/smoke.yaml does.
@@ -79,12 +83,20 @@ def starter_text(endpoint: Endpoint, header: list[str], file_name: str) -> str:
 
 _WHAT_TO_SEND = {
     "openai": "workload: prompt and answer lengths (tokens) like your traffic's; target.model if it serves several.",
+    "openai-responses": "workload: prompt and answer lengths (tokens) like your traffic's; target.model if it serves several.",
+    "anthropic-messages": "workload: prompt and answer lengths (tokens) like your traffic's (output_tokens is max_tokens).",
+    "openai-embeddings": "workload: inputs per request (batch) and each input's length (prompt_tokens) like your traffic's.",
+    "rerank": "workload: documents per request (batch), their length (prompt_tokens) and the query's (query_tokens).",
     "kserve-v2": "workload.classes[0].tensors: the shapes and value ranges your model expects (random values in [low, high)).",
     "kserve-v2-grpc": "workload.classes[0].tensors: the shapes and value ranges your model expects (random values in [low, high)).",
     "http": "target.method, target.path and workload.body: one request as your endpoint takes it.",
 }
 _DESCRIPTION = {
     "openai": "Streaming chat completions to {model}: a short warm-up, then 30 s of Poisson arrivals.",
+    "openai-responses": "Streaming Responses API requests to {model}: a short warm-up, then 30 s of Poisson arrivals.",
+    "anthropic-messages": "Streaming Messages API requests to {model}: a short warm-up, then 30 s of Poisson arrivals.",
+    "openai-embeddings": "Embeddings requests to {model}: a short warm-up, then 30 s of Poisson arrivals.",
+    "rerank": "Rerank requests to {model}: a short warm-up, then 30 s of Poisson arrivals.",
     "kserve-v2": "KServe v2 inference on {model}: a short warm-up, then 30 s of Poisson arrivals.",
     "kserve-v2-grpc": "KServe v2 gRPC inference on {model}: a short warm-up, then 30 s of Poisson arrivals.",
     "http": "Plain HTTP requests: a short warm-up, then 30 s of Poisson arrivals.",
@@ -101,12 +113,17 @@ def _target(e: Endpoint) -> list[str]:
         lines.append(f"  protocol: {e.protocol}")
         model = scalar(e.model) if e.model else "MODEL  # CHANGE: the model's name (rerun `latscope init URL --model NAME`)"
         lines.append(f"  model: {model}")
-        if e.protocol == "openai":
+        if e.protocol in STREAMING or e.protocol in BATCH:
             if "@" in e.url:  # a user and password, sent as basic authentication: no key besides
                 lines.append("  # The URL's user and password are sent as basic authentication (from the environment).")
+            elif not e.launch and e.protocol == "anthropic-messages":
+                lines.append("  api_key: ${ANTHROPIC_API_KEY:-}   # sent as x-api-key when set; never written to results")
             elif not e.launch:
                 lines.append("  api_key: ${OPENAI_API_KEY:-}   # sent as a bearer token when set; never written to results")
-            lines += ["  openai: {api: chat, stream: true, include_usage: true}", "  timeout: 60s"]
+            lines += {"openai": ["  openai: {api: chat, stream: true, include_usage: true}"],
+                      "openai-responses": ["  openai: {stream: true}   # the usage comes with response.completed"],
+                      "anthropic-messages": ["  anthropic: {stream: true}"]}.get(e.protocol, [])
+            lines.append("  timeout: 60s" if e.protocol in STREAMING else "  timeout: 30s")
         else:
             lines.append("  timeout: 10s")
     if e.launch:
@@ -133,7 +150,17 @@ def _workload(e: Endpoint) -> list[str]:
                     f"      - {{name: input_ids, datatype: INT64, shape: [1, {SEQUENCE}], data: [{ids}]}}",
                     f"      - {{name: attention_mask, datatype: INT64, shape: [1, {SEQUENCE}], data: [{', '.join(['1'] * SEQUENCE)}]}}"]
         return ["workload:", "  body: {inputs: [1, 2, 3]}   # CHANGE: the JSON one request of yours carries (sent as is)"]
-    if e.protocol == "openai":
+    if e.protocol == "openai-embeddings":
+        return ["workload:", "  classes:", "    - name: embed",
+                "      # 1 to 8 inputs a request (drawn per request), each of 32-128 tokens.",
+                "      batch: {dist: uniform, min: 1, max: 8}",
+                "      prompt_tokens: {dist: uniform, min: 32, max: 128}"]
+    if e.protocol == "rerank":
+        return ["workload:", "  classes:", "    - name: rerank",
+                "      # A 16-token query and 8 documents of 32-96 tokens a request.",
+                "      batch: 8", "      query_tokens: 16",
+                "      prompt_tokens: {dist: uniform, min: 32, max: 96}"]
+    if e.protocol in STREAMING:
         return ["workload:", "  classes:", "    - name: chat",
                 "      # Prompts of ~128 tokens (log-normal: a long right tail), answers of 16-128 tokens.",
                 "      prompt_tokens: {dist: lognormal, mean: 128, std: 96, min: 16, max: 512}",
@@ -173,9 +200,9 @@ def _traffic(protocol: str, rate: int) -> list[str]:
              "  # CHANGE the rate (req/s). Poisson arrivals: independent users, sent on time whatever the server does.",
              f"  - {{name: steady, duration: {MEASURED_S}s, arrival: {{type: poisson, rate: {rate}}}}}",
              "slos:  # CHANGE: placeholders; `latscope gate` and the report judge the run against these"]
-    if protocol == "openai":
+    if protocol in STREAMING:
         lines += ["  - {metric: ttft, class: all, stat: p99, limit_ms: 500}       # time to first token",
                   "  - {metric: latency, class: all, stat: p99, limit_ms: 5000}   # the whole answer"]
     else:
-        lines.append("  - {metric: latency, class: all, stat: p99, limit_ms: 100}")
+        lines.append(f"  - {{metric: latency, class: all, stat: p99, limit_ms: {500 if protocol in BATCH else 100}}}")
     return lines

@@ -19,8 +19,12 @@ the client is built; such a request is a `protocol` error "not sent: ..."). An e
 | --- | --- | --- |
 | `http` | http.py | any HTTP/1.1 request, body prepared once per class |
 | `openai` | openai.py | OpenAI-compatible /v1/completions and /v1/chat/completions, SSE streaming or not |
+| `openai-responses` | openai_responses.py | OpenAI's Responses API, /v1/responses: typed SSE events or whole (stream_events.py) |
+| `anthropic-messages` | anthropic_messages.py | Anthropic's Messages API, /v1/messages: typed SSE events or whole (stream_events.py) |
 | `kserve-v2` | kserve.py | KServe v2 / Open Inference Protocol over HTTP, JSON or binary tensors |
 | `kserve-v2-grpc` | kserve_grpc.py | the same over gRPC (Triton's protocol too) |
+| `openai-embeddings` | embeddings.py | OpenAI-compatible /v1/embeddings, a batch of inputs a request (batch.py) |
+| `rerank` | rerank.py | a query and a batch of documents: /v1/rerank (vLLM, Jina, Cohere) or TEI's /rerank |
 
 Which client speaks a protocol, and everything the scenario checks about it (URL schemes, default
 path and method, model and tensors required), is one row of latscope.scenario.protocols.PROTOCOLS: a

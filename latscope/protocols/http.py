@@ -429,6 +429,10 @@ def http_error(outcome: Outcome, response: Response, body: bytes | None = None) 
     return outcome
 
 
+EXTRA_BODY = {"openai": "openai", "openai-responses": "openai", "anthropic-messages": "anthropic",  # protocol -> its extra_body's section
+              "openai-embeddings": "embeddings", "rerank": "rerank"}
+
+
 def what_it_sends(endpoint: Endpoint) -> str | None:
     """What a class's requests carry beyond the protocol's plain request, in words (None: nothing):
     the request id, the scenario's headers (names only; credentials aside), an OpenAI class's
@@ -439,9 +443,10 @@ def what_it_sends(endpoint: Endpoint) -> str | None:
     headers = [name for name in endpoint.headers if name.lower() != "authorization"]
     if headers:
         parts.append(("the headers " if len(headers) > 1 else "the header ") + ", ".join(headers))
-    extra = list(endpoint.openai.extra_body) if endpoint.protocol == "openai" else []
+    section = EXTRA_BODY.get(endpoint.protocol)
+    extra = list(getattr(endpoint, section).extra_body) if section else []
     if extra:
-        parts.append(("the body fields " if len(extra) > 1 else "the body field ") + ", ".join(extra) + " (openai.extra_body)")
+        parts.append(("the body fields " if len(extra) > 1 else "the body field ") + ", ".join(extra) + f" ({section}.extra_body)")
     return ", ".join(parts) or None
 
 

@@ -6,97 +6,64 @@ endpoint and the request's payload (`prepare`, timed: `encode`; ahead of the sen
 posts it on the shared keep-alive pool (http.py) and, for a stream, parses the Server-Sent Events
 *as the body pieces arrive*, inside the connection's read callback:
 
-- every chunk that carries generated text (`choices[0].text`, or `choices[0].delta.content` /
-  `reasoning_content` / `reasoning` / `tool_calls` for chat) is a token event stamped with the
-  `perf_counter_ns` of the socket read it came in — the engine turns these into ttft / itl / tpot;
-  a role-only first chunk (`delta: {role, content: ""}`) is not a token;
-- a chunk with `usage` gives the output (and prompt) token counts; without one the token chunks are
-  counted (`tokens_from_usage` False);
+- every chunk that carries generated text is a token event stamped with the `perf_counter_ns` of the
+  socket read it came in (`token_ns`) — the engine turns these into ttft / itl / tpot; a role-only
+  first chunk (`delta: {role, content: ""}`) is not a token. A token chunk is of one of two kinds:
+  *content* (the answer itself: `choices[0].text` for completions, `delta.content` or
+  `delta.tool_calls` for chat) or *reasoning* (a reasoning model's thinking before it answers:
+  `delta.reasoning_content` as DeepSeek and vLLM write it, or `delta.reasoning`, with no content).
+  A chunk with both is content (the answer has begun). `reasoning_chunks` counts the reasoning ones;
+  `content_ns` is the read time of the first content chunk (0: the stream had none), from which
+  intervals.py takes ttfot, reasoning_time and content_tpot;
+- a chunk with `usage` gives the output (and prompt) token counts, and the reasoning tokens among the
+  output (`completion_tokens_details.reasoning_tokens`: `reasoning_tokens`, -1 when not said);
+  without one the token chunks are counted (`tokens_from_usage` False); `prompt_from_usage` says the
+  prompt count is the server's (`usage.prompt_tokens`), not the plan's;
 - `data: [DONE]` ends the stream; the CPU time spent parsing events is `decode`.
+
+An empty answer is an answer: a stream that ends with `[DONE]` without a single token chunk (a model
+whose first token ended it), or a whole answer with empty text, completes with 0 output tokens
+(`token_ns` an empty list for the stream; intervals.py counts it `empty` and records no ttft).
+
+Sessions (`history: carry`): the answer the server gave joins the history the next turn sends, as an
+`assistant` message (chat) or appended text (completions). Its reasoning is left out, as OpenAI,
+DeepSeek and vLLM recommend (a server may even refuse it back); `session.carry_reasoning: true`
+keeps it, on the assistant message under the field the server streamed it in (`reasoning_content`
+or `reasoning`). A completions answer has no separate reasoning: its text is carried whole.
 
 Everything a stream can get wrong is a `protocol` error whose reason names it (status stays as
 received): a non-SSE content type, an event that is not JSON, an error event (with the server's
 message), a connection lost after the response started ("stream truncated after N tokens"), a stream
-that ends without `[DONE]`, a stream without a single token. HTTP >= 400 is http_4xx / http_5xx with
-the OpenAI error message from the body when it has one.
+that ends without `[DONE]`. HTTP >= 400 is http_4xx / http_5xx with the OpenAI error message from the
+body when it has one.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from latscope.protocols.http import (Failure, HttpPool, Response, http_error, prefix_or_refusal, refused_outcome,
                                      refused_what, request_id_line, request_id_name, what_it_sends,
                                      with_server_headers)
+from latscope.protocols.json_text import (MAX_ERROR_BODY, clip, dumps, error_message, escaped, loads, lone_surrogate,
+                                            parse_json, tokens_text)
 from latscope.protocols.sse import SseParser
 from latscope.records import Outcome, Request
 from latscope.scenario import Endpoint, Scenario
 from latscope.workload import Payloads
 
-_loads = json.loads
-_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 _pc = time.perf_counter_ns
-MAX_REASON = 200  # characters of a server's message kept in a reason
-MAX_ERROR_BODY = 1 << 20  # bytes of a non-event body kept to find an error message in
-
-
-def _tokens(n: int) -> str:
-    return "1 token" if n == 1 else f"{n} tokens"
-
-
-def _parse_json(data: bytes) -> Any:
-    """The JSON value of an event's data; ValueError (or RecursionError) when it is not JSON. orjson,
-    from the bytes: 0.6 µs for a typical token event against 1.4 µs for the standard library's scanner
-    on the decoded text (measured; the per-token cost is mostly the read itself). The standard library
-    has the last word: it also reads the NaN and Infinity that Python servers write (logprobs of -inf)."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return _loads(data)
-
-
-def _escaped(text: str) -> bytes:
-    """`text` as the inside of a JSON string (escaped, without the quotes)."""
-    return _dumps(text).encode()[1:-1]
-
-
-def _lone_surrogate(answer: str, exc: UnicodeEncodeError) -> str:
-    """What is wrong with an answer whose text UTF-8 refused: a JSON string may escape half of a UTF-16
-    pair ("\\ud800") on its own, which json.loads accepts and no UTF-8 text can hold."""
-    char = exc.object[exc.start]
-    return (f"the answer holds a lone UTF-16 surrogate (\\u{ord(char):04x}, at character {answer.find(char):,} of its "
-            "text), which is not valid Unicode text: a session cannot carry it into its next turn")
-
-
-def _clip(text: Any, limit: int = MAX_REASON) -> str:
-    if isinstance(text, (bytes, bytearray)):
-        text = bytes(text[: limit * 4]).decode("utf-8", "replace")
-    elif not isinstance(text, str):
-        text = json.dumps(text, ensure_ascii=False)
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _error_message(error: Any) -> str:
-    """The message of an OpenAI error object (`{"message": ...}`), a bare string, or the object itself."""
-    if isinstance(error, dict):
-        message = error.get("message")
-        if message:
-            return _clip(message)
-    return _clip(error)
 
 
 class _Stream:
     """The body sink of one streamed request: SSE parsed as it arrives, tokens stamped with read times."""
 
-    __slots__ = ("parser", "token_ns", "done", "error", "usage", "decode_ns", "raw", "raw_len", "events", "text")
+    __slots__ = ("parser", "token_ns", "done", "error", "usage", "decode_ns", "raw", "raw_len", "events", "text",
+                 "reasoning_chunks", "content_ns", "thought", "thought_key")
 
-    def __init__(self, keep_text: bool = False) -> None:
+    def __init__(self, keep_text: bool = False, keep_reasoning: bool = False) -> None:
         self.parser = SseParser()
         self.token_ns: list[int] = []
         self.done = False  # `data: [DONE]` seen
@@ -107,6 +74,10 @@ class _Stream:
         self.raw_len = 0
         self.events = 0
         self.text: list[str] | None = [] if keep_text else None  # the answer's pieces, for a session's history
+        self.reasoning_chunks = 0  # token chunks of reasoning only
+        self.content_ns = 0  # read time of the first content chunk (0: none yet)
+        self.thought: list[str] | None = [] if keep_reasoning else None  # the reasoning's pieces (carry_reasoning)
+        self.thought_key = "reasoning_content"  # the delta field the reasoning came in
 
     def __call__(self, piece: bytes, read_ns: int) -> None:
         started = _pc()
@@ -138,35 +109,45 @@ class _Stream:
                 self.done = True
                 return
             try:
-                chunk = _parse_json(data)
+                chunk = parse_json(data)
             except (ValueError, RecursionError):
                 if data.strip() == b"[DONE]":
                     self.done = True
                     return
-                self.error = f"malformed SSE event after {_tokens(len(self.token_ns))} (not JSON): {_clip(data)}"
+                self.error = f"malformed SSE event after {tokens_text(len(self.token_ns))} (not JSON): {clip(data)}"
                 return
             if type(chunk) is not dict:
-                self.error = (f"malformed SSE event after {_tokens(len(self.token_ns))} (not a JSON object): "
-                              f"{_clip(data)}")
+                self.error = (f"malformed SSE event after {tokens_text(len(self.token_ns))} (not a JSON object): "
+                              f"{clip(data)}")
                 return
             error = chunk.get("error")
             if error or kind == b"error":
-                self.error = f"error event after {_tokens(len(self.token_ns))}: {_error_message(error or chunk)}"
+                self.error = f"error event after {tokens_text(len(self.token_ns))}: {error_message(error or chunk)}"
                 return
             choices = chunk.get("choices")
             if choices and type(choices) is list:
                 choice = choices[0]
                 if type(choice) is dict:
                     text = choice.get("text")
+                    thought = None
                     if not text:
                         delta = choice.get("delta")
                         if type(delta) is dict:
-                            text = (delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
-                                    or delta.get("tool_calls"))
+                            text = delta.get("content") or delta.get("tool_calls")
+                            thought = delta.get("reasoning_content")
+                            if not thought and (thought := delta.get("reasoning")):
+                                self.thought_key = "reasoning"
                     if text:
                         self.token_ns.append(read_ns)
+                        if not self.content_ns:
+                            self.content_ns = read_ns
                         if self.text is not None and type(text) is str:
                             self.text.append(text)
+                    elif thought:
+                        self.token_ns.append(read_ns)
+                        self.reasoning_chunks += 1
+                    if thought and self.thought is not None and type(thought) is str:
+                        self.thought.append(thought)
             usage = chunk.get("usage")
             if usage and type(usage) is dict:
                 self.usage = usage
@@ -181,10 +162,13 @@ def _usage_into(outcome: Outcome, usage: Any) -> bool:
         return False
     prompt = usage.get("prompt_tokens")
     if type(prompt) is int and prompt >= 0:
-        outcome.prompt_tokens = prompt
+        outcome.prompt_tokens, outcome.prompt_from_usage = prompt, True
     details = usage.get("prompt_tokens_details")
     if type(details) is dict and type(cached := details.get("cached_tokens")) is int and cached >= 0:
         outcome.cached_tokens = cached
+    details = usage.get("completion_tokens_details")
+    if type(details) is dict and type(reasoning := details.get("reasoning_tokens")) is int and reasoning >= 0:
+        outcome.reasoning_tokens = reasoning
     completion = usage.get("completion_tokens")
     if type(completion) is int and completion >= 0:
         outcome.output_tokens, outcome.tokens_from_usage = completion, True
@@ -201,6 +185,17 @@ def _answer_text(choice: Any) -> str:
     return text if type(text) is str else ""
 
 
+def _answer_reasoning(choice: Any) -> tuple[str, str]:
+    """A whole chat answer's reasoning and the field it came in (`message.reasoning_content` or
+    `message.reasoning`); ("", …) when it has none."""
+    message = choice.get("message") if type(choice) is dict else None
+    if type(message) is dict:
+        for key in ("reasoning_content", "reasoning"):
+            if type(text := message.get(key)) is str and text:
+                return text, key
+    return "", "reasoning_content"
+
+
 @dataclass(frozen=True, slots=True)
 class _ClassRequest:
     """What every request of one workload class shares."""
@@ -213,10 +208,12 @@ class _ClassRequest:
     request_id: bytes | None  # target.request_id_header and the run's id prefix (http.request_id_name)
     refused: str | None = None  # why the request cannot be written (http.unsafe_head): each one is an error
     sends: str | None = None  # what it carries beyond the plain request (http.what_it_sends)
+    carry_reasoning: bool = False  # session.carry_reasoning: a carried answer keeps its reasoning (chat)
 
 
-def _class_request(endpoint: Endpoint, scenario: Scenario) -> _ClassRequest:
+def _class_request(endpoint: Endpoint, scenario: Scenario, cls: int = 0) -> _ClassRequest:
     options = endpoint.openai
+    session = scenario.workload.effective_classes()[cls].session
     rest: dict[str, Any] = {"stream": options.stream}
     if options.stream and options.include_usage:
         rest["stream_options"] = {"include_usage": True}
@@ -224,7 +221,7 @@ def _class_request(endpoint: Endpoint, scenario: Scenario) -> _ClassRequest:
     stream = bool(rest.get("stream"))
     prefix, refused = prefix_or_refusal(endpoint, "application/json")
     return _ClassRequest(options.api == "chat", stream, endpoint.model, rest, prefix, request_id_name(endpoint, scenario), refused,
-                         what_it_sends(endpoint))
+                         what_it_sends(endpoint), session is not None and session.carry_reasoning)
 
 
 class OpenAIClient:
@@ -234,7 +231,7 @@ class OpenAIClient:
         self._pool = HttpPool(scenario.endpoint(classes[0]).url, scenario.target.timeout,
                               scenario.limits.max_response_bytes)
         self._payloads = payloads
-        self._classes = {c: _class_request(scenario.endpoint(c), scenario) for c in classes}
+        self._classes = {c: _class_request(scenario.endpoint(c), scenario, c) for c in classes}
 
     async def open(self) -> None:
         await self._pool.open()
@@ -254,10 +251,10 @@ class OpenAIClient:
         fields: dict[str, Any] = {"max_tokens": payload.max_tokens} if payload.max_tokens else {}
         fields.update(cls.rest)
         if request.session is not None:
-            body = self._session_body(cls, request, prompt, _dumps({**model, **fields}).encode())
+            body = self._session_body(cls, request, prompt, dumps({**model, **fields}).encode())
         else:
             text: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}]} if cls.chat else {"prompt": prompt}
-            body = _dumps({**model, **text, **fields}).encode()
+            body = dumps({**model, **text, **fields}).encode()
         request.wire = b"%s%sContent-Length: %d\r\n\r\n%s" % (cls.prefix, request_id_line(cls.request_id, request.seq),
                                                                len(body), body)
         request.wire_bytes = len(request.wire)
@@ -277,14 +274,14 @@ class OpenAIClient:
         if conv.history is None:
             prefix = self._payloads.prefix(conv.cls, conv.prefix) if conv.prefix >= 0 else None
             if cls.chat:
-                conv.history = bytearray(b'{"role":"system","content":%s}' % _dumps(prefix).encode() if prefix else b"")
+                conv.history = bytearray(b'{"role":"system","content":%s}' % dumps(prefix).encode() if prefix else b"")
             else:
-                conv.history = bytearray(_escaped(prefix + "\n") if prefix else b"")
+                conv.history = bytearray(escaped(prefix + "\n") if prefix else b"")
         tail = b"," + rest[1:] if len(rest) > 2 else b"}"
         if cls.chat:
-            turn = b'%s{"role":"user","content":%s}' % (b"," if conv.history else b"", _dumps(text).encode())
+            turn = b'%s{"role":"user","content":%s}' % (b"," if conv.history else b"", dumps(text).encode())
         else:
-            turn = _escaped(text)
+            turn = escaped(text)
         if conv.carry:
             conv.history += turn
             history, turn = conv.history, b""
@@ -296,15 +293,21 @@ class OpenAIClient:
         return b'{"prompt":"%s%s"%s' % (history, turn, tail)
 
     @staticmethod
-    def _remember(cls: _ClassRequest, request: Request, answer: str) -> str | None:
+    def _remember(cls: _ClassRequest, request: Request, answer: str, reasoning: tuple[str, str] | None = None) -> str | None:
         """After a session turn's answer: the answer, as the server gave it, joins the history the next
-        turn carries (after the turn's own text, added when it was built). Returns why it cannot (the
-        answer's `protocol` error): text that is not valid Unicode, which no request can carry."""
+        turn carries (after the turn's own text, added when it was built); its reasoning (text, the
+        field it came in) only with session.carry_reasoning (the module docstring). Returns why it
+        cannot (the answer's `protocol` error): text that is not valid Unicode, which no request can carry."""
         try:
-            piece = (b',{"role":"assistant","content":%s}' % _dumps(answer).encode() if cls.chat
-                     else _escaped(answer + "\n"))
+            if cls.chat and reasoning and reasoning[0]:
+                piece = b',{"role":"assistant","content":%s,"%s":%s}' % (
+                    dumps(answer).encode(), reasoning[1].encode(), dumps(reasoning[0]).encode())
+            else:
+                piece = (b',{"role":"assistant","content":%s}' % dumps(answer).encode() if cls.chat
+                         else escaped(answer + "\n"))
         except UnicodeEncodeError as exc:  # UTF-8 refuses only surrogates, which json.loads lets through
-            return _lone_surrogate(answer, exc)
+            in_answer = exc.object[exc.start] in answer or not reasoning
+            return lone_surrogate(answer if in_answer else reasoning[0], exc)
         conv = request.session
         conv.history += piece
         conv.carried = len(conv.history)
@@ -322,8 +325,9 @@ class OpenAIClient:
         body_len = len(data) - data.index(b"\r\n\r\n") - 4
         conv = request.session
         keep = conv is not None and conv.carry and request.turn < conv.turns  # a later turn carries this answer
+        counts = self._payloads.counts_output  # workload.tokenizer counts an answer that came without usage
         sent = _pc()
-        stream = _Stream(keep) if cls.stream else None
+        stream = _Stream(keep or counts, (keep and cls.carry_reasoning) or counts) if cls.stream else None
         try:
             response = await self._pool.request(data, keep_body=stream is None, sink=stream)
         except Failure as failure:
@@ -334,20 +338,26 @@ class OpenAIClient:
                 tokens = len(stream.token_ns)
                 if failure.kind == "connect" and (stream.events or stream.raw_len):  # the response had started
                     outcome.error = "protocol"
-                    outcome.reason = f"stream truncated after {_tokens(tokens)}: {failure.reason}"
+                    outcome.reason = f"stream truncated after {tokens_text(tokens)}: {failure.reason}"
                 elif failure.kind == "timeout" and (stream.events or stream.raw_len):
-                    outcome.reason = f"{failure.reason} (stream cut after {_tokens(tokens)})"
+                    outcome.reason = f"{failure.reason} (stream cut after {tokens_text(tokens)})"
             return outcome
         outcome = Outcome(sent, response.end_ns, status=response.status, bytes_out=body_len,
                           bytes_in=response.body_len, encode_ns=encode_ns)
         with_server_headers(outcome, response)
+        reasoning = None
         if stream is None:
-            outcome, answer = self._whole(outcome, response, keep)
+            outcome, answer, reasoning = self._whole(outcome, response, keep or counts)
         else:
             outcome = self._streamed(outcome, response, stream)
-            answer = "".join(stream.text) if keep else None
+            answer = "".join(stream.text) if keep or counts else None
+            if stream.thought:
+                reasoning = "".join(stream.thought), stream.thought_key
+        if counts:  # all it generated: usage's completion_tokens count the reasoning too
+            self._payloads.count_output(outcome, (reasoning[0] if reasoning else "") + (answer or ""))
         refused_what(outcome, cls.sends)
-        if keep and outcome.error is None and (problem := self._remember(cls, request, answer or "")) is not None:
+        if (keep and outcome.error is None and (problem := self._remember(
+                cls, request, answer or "", reasoning if cls.carry_reasoning else None)) is not None):
             outcome.error, outcome.reason = "protocol", problem
         return outcome
 
@@ -358,54 +368,53 @@ class OpenAIClient:
             return http_error(outcome, response, stream.body())
         stream.finish(response.end_ns)
         outcome.token_ns, outcome.decode_ns = stream.token_ns, stream.decode_ns
+        outcome.reasoning_chunks, outcome.content_ns = stream.reasoning_chunks, stream.content_ns
         tokens = len(stream.token_ns)
         content_type = response.headers.get("content-type", "")
         if content_type and not content_type.lower().startswith("text/event-stream"):
             detail = ""
             if stream.raw:  # e.g. a JSON answer that ignored "stream": true, or a JSON error with 200
                 try:
-                    doc = _loads(stream.body())
+                    doc = loads(stream.body())
                     if isinstance(doc, dict) and doc.get("error"):
-                        detail = f": {_error_message(doc['error'])}"
+                        detail = f": {error_message(doc['error'])}"
                 except (ValueError, RecursionError):
                     pass
             outcome.error = "protocol"
-            outcome.reason = (f"stream asked for, got Content-Type {_clip(content_type, 80)} instead of "
+            outcome.reason = (f"stream asked for, got Content-Type {clip(content_type, 80)} instead of "
                               f"text/event-stream{detail}")
         elif stream.error is not None:
             outcome.error, outcome.reason = "protocol", stream.error
         elif not stream.done:
             outcome.error = "protocol"
-            outcome.reason = f"stream ended without data: [DONE] after {_tokens(tokens)}"
+            outcome.reason = f"stream ended without data: [DONE] after {tokens_text(tokens)}"
             if not stream.events and stream.raw:  # no event at all: say what the body was
-                outcome.reason += f"; the body: {_clip(stream.body())}"
-        elif not tokens:
-            outcome.error, outcome.reason = "protocol", "stream carried no tokens (no chunk with generated text)"
+                outcome.reason += f"; the body: {clip(stream.body())}"
         if not _usage_into(outcome, stream.usage):
             outcome.output_tokens = tokens
         return outcome
 
     @staticmethod
-    def _whole(outcome: Outcome, response: Response, keep: bool) -> tuple[Outcome, str | None]:
-        """A whole (not streamed) answer; with `keep`, its text too (for a session's history)."""
+    def _whole(outcome: Outcome, response: Response, keep: bool) -> tuple[Outcome, str | None, tuple[str, str] | None]:
+        """A whole (not streamed) answer; with `keep`, its text and reasoning too (for a session's history)."""
         body = response.body or b""
         if response.status >= 400:
-            return http_error(outcome, response, body), None
+            return http_error(outcome, response, body), None, None
         started = _pc()
         try:
-            doc = _loads(body)
+            doc = loads(body)
         except (ValueError, RecursionError):
             doc = None
         outcome.decode_ns = _pc() - started
         if type(doc) is not dict:
-            outcome.error, outcome.reason = "protocol", f"response is not a JSON object: {_clip(body)}"
+            outcome.error, outcome.reason = "protocol", f"response is not a JSON object: {clip(body)}"
         elif doc.get("error"):
             outcome.error = "protocol"
-            outcome.reason = f"error in a {response.status} response: {_error_message(doc['error'])}"
+            outcome.reason = f"error in a {response.status} response: {error_message(doc['error'])}"
         elif not doc.get("choices") or type(doc["choices"]) is not list:
-            outcome.error, outcome.reason = "protocol", f"response has no choices: {_clip(body)}"
+            outcome.error, outcome.reason = "protocol", f"response has no choices: {clip(body)}"
         else:
             _usage_into(outcome, doc.get("usage"))
             if keep:
-                return outcome, _answer_text(doc["choices"][0])
-        return outcome, None
+                return outcome, _answer_text(doc["choices"][0]), _answer_reasoning(doc["choices"][0])
+        return outcome, None, None

@@ -30,7 +30,7 @@ from plotly.subplots import make_subplots
 
 from latscope.report.escape import esc_html, esc_label
 from latscope.report.words import event_label
-from latscope.results.schema import TELEMETRY_METRICS
+from latscope.results.schema import TELEMETRY_METRICS, metric_label
 
 # Figure geometry shared by every time-axis panel, so their x axes line up down the page.
 MARGIN = dict(l=80, r=40, t=50, b=50)
@@ -42,7 +42,8 @@ STAT_STYLE = {"p50_ms": ("p50", "#2ca02c"), "p99_ms": ("p99", "#ff7f0e"), "p99.9
 QUIET_EVENTS = {"run_start", "run_end", "phase_start", "target_launch", "target_ready", "target_stopped",
                 "action_end", "action_skipped"}  # an action is drawn once, at its action_start
 MAX_EVENT_LINES = 25
-STREAMING_METRICS = (("ttft", "time to first token"), ("itl", "inter-token latency"), ("tpot", "time per output token"))
+STREAMING_METRICS = (("ttft", "time to first token"), ("itl", "inter-token latency"), ("tpot", "time per output token"),
+                     ("ttfot", "time to first output token"), ("reasoning_time", "first token → first answer token"))
 # GPU lanes, in page order; mem_util_pct stands in for mem_bw_util_pct only when the latter is absent.
 GPU_LANES = ("gpu_util_pct", "mem_bw_util_pct", "mem_util_pct", "sm_active_pct", "mem_used_bytes", "power_w")
 
@@ -178,7 +179,7 @@ def streaming_panel(spectra_by_metric: dict[str, dict[str, pd.DataFrame]], compa
                       if compare_with is None else "Neither run recorded streamed tokens (TTFT, ITL and TPOT come from streaming responses).")
         panel.not_measured = "token streams (TTFT, ITL, TPOT)"
         return panel
-    fig = make_subplots(rows=1, cols=len(present), subplot_titles=[f"{m.upper()}: {label}" for m, label in present],
+    fig = make_subplots(rows=1, cols=len(present), subplot_titles=[f"{metric_label(m)}: {label}" for m, label in present],
                         horizontal_spacing=0.08)
     classes = sorted({c for m, _ in present for src in (spectra_by_metric, compare_with or {}) for c in src.get(m, {})},
                      key=lambda c: (c != "all", c))
@@ -191,12 +192,15 @@ def streaming_panel(spectra_by_metric: dict[str, dict[str, pd.DataFrame]], compa
         xmax = max(xmax, _add_spectrum(fig, spectra_by_metric.get(metric, {}), row=1, col=i, show_legend=i == 1,
                                        suffix=" (new)" if compare_with is not None else "", colors=colors))
         _spectrum_axes(fig, xmax, _values(spectra_by_metric.get(metric, {}), (compare_with or {}).get(metric, {})),
-                       f"{metric.upper()} (ms)", row=1, col=i)
+                       f"{metric_label(metric)} (ms)", row=1, col=i)
     fig.update_xaxes(title_text="percentile")
     panel.figure = apply_layout(fig, 420, hovermode="closest", margin={**MARGIN, "t": 90},
                            legend=dict(orientation="h", yanchor="bottom", y=1.12, xanchor="left", x=0))
     panel.note = ("Per class, whole run without warm-up, on the same percentile axis as the latency spectrum. TTFT runs from "
                   "the request's intended send time; ITL is every gap between streamed chunks; TPOT is (end − first token) / (tokens − 1).")
+    if any(m in ("ttfot", "reasoning_time") for m, _ in present):
+        panel.note += (" A reasoning model's first tokens are its reasoning: TTFT counts them, TTFOT (time to first output "
+                       "token) runs to the answer's first token, and the reasoning time is the span between.")
     return panel
 
 

@@ -39,7 +39,7 @@ from latscope.results.schema import metric_label
 CDN_URL = "https://cdn.plot.ly/plotly-{version}.min.js"
 PERCENTILE_COLUMNS = (("p50_ms", "p50"), ("p90_ms", "p90"), ("p99_ms", "p99"), ("p99.9_ms", "p99.9"), ("max_ms", "max"))
 # The metrics of the percentile table, in order (others, like server.* parts, are in summary.json).
-TABLE_METRICS = ("latency", "ttft", "itl", "tpot", "service_time")
+TABLE_METRICS = ("latency", "ttft", "itl", "tpot", "ttfot", "reasoning_time", "service_time")
 
 
 def headline(summary: dict) -> str:
@@ -314,7 +314,10 @@ def page(title: str, header_html: str, body_html: list[str], panels: list[Panel]
     """The page every report shares: CSS (plus a page's own `css`), plotly.js, the header, then the
     body, the panels and the tail, and the figures as JSON. `title` and the HTML parts are trusted.
     A panel with nothing to show (Panel.not_measured) gets no card: the header names it instead, in
-    one line under the links to the panels that are drawn ("Not measured in `not_measured_in`: ...")."""
+    one line under the links to the panels that are drawn ("Not measured in `not_measured_in`: ...").
+    A panel with nothing at all to say (no figure, note, table or not_measured: the Models panel of a
+    run with one model) is left out."""
+    panels = [p for p in panels if p.figure is not None or p.note or p.html or p.not_measured]
     nav = "".join(f'<a href="#{p.id}">{p.title.split(":")[0]}</a>' for p in panels if p.figure is not None)
     cards = [p for p in panels if not p.not_measured]
     return (

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from latscope.analysis import coldstart
+from latscope.analysis.models import fairness_lines
 from latscope.report.html import PERCENTILE_COLUMNS, TABLE_METRICS, headline
 from latscope.report.nodes_panel import distributed_text, lost_texts
 from latscope.report.words import fmt_ms, goodput_sentence, objectives_text, slo_value_text
@@ -64,6 +65,9 @@ def summary_markdown(summary: dict, report_name: str | None = "report.html") -> 
             for m in TABLE_METRICS for cls, st in s.get("metrics", {}).get(m, {}).items()]
     if rows:
         lines += ["", *_table(["metric", "class", "count", *(f"{label} ms" for _, label in PERCENTILE_COLUMNS)], rows)]
+    fairness = fairness_lines(s.get("models") or {})  # classes that name different models
+    if fairness:
+        lines += ["", *(f"- {md(line)}" for line in fairness)]
     errors = {k: v for k, v in (s.get("errors") or {}).items() if v}
     if errors:
         examples = s.get("error_examples") or {}

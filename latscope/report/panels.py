@@ -23,7 +23,9 @@ from latscope.analysis import coldstart, correlation, explain, percentiles, seri
 from latscope.analysis.run_data import RunData
 from latscope.report import figures
 from latscope.report.coldstart_panel import coldstart_panel as draw_coldstart
+from latscope.report.escape import esc_html
 from latscope.report.figures import Panel
+from latscope.report.models_panel import models_panel as draw_models
 from latscope.report.nodes_panel import add_nodes, node_traces
 from latscope.report.sessions_panel import sessions_panel as draw_sessions
 from latscope.report.server_panel import server_panel as draw_server
@@ -105,9 +107,13 @@ def streaming_panel(run: RunData, base: RunData | None = None) -> Panel:
         metrics = r.summary.get("metrics", {})
         return {m: percentiles.spectrum(r, m) for m, _ in figures.STREAMING_METRICS if m in metrics}
 
-    if base is None:
-        return figures.streaming_panel(spectra(run))
-    return figures.streaming_panel(spectra(run), compare_with=spectra(base))
+    panel = (figures.streaming_panel(spectra(run)) if base is None
+             else figures.streaming_panel(spectra(run), compare_with=spectra(base)))
+    empty = {c: n["empty"] for c, n in (run.summary.get("requests_by_class") or {}).items() if n.get("empty")}
+    if empty and panel.figure is not None:  # completed answers with 0 output tokens: no TTFT, counted apart
+        panel.note += " Empty answers (completed with 0 output tokens, no TTFT): " + ", ".join(
+            f"{esc_html(c)} {n:,}" for c, n in empty.items()) + "."
+    return panel
 
 
 def gpu_panel(run: RunData, base: RunData | None = None) -> Panel:
@@ -191,12 +197,20 @@ def server_panel(run: RunData, base: RunData | None = None) -> Panel:
     return draw_server(rows(base), base.summary, base.events, " (base run)")
 
 
+def models_panel(run: RunData, base: RunData | None = None) -> Panel:
+    """Each model's percentiles and the fairness line, from summary.json's `models` (analysis/models.py)."""
+    if base is None:
+        return draw_models(run.summary.get("models") or {})
+    return draw_models(run.summary.get("models") or {}, base.summary.get("models") or {}, compare=True)
+
+
 PANELS: tuple[PanelSpec, ...] = (
     PanelSpec("why", "Why the tail", why_panel),
     PanelSpec("spectrum", "Latency percentile spectrum", spectrum_panel),
     PanelSpec("latency-time", "Latency over time", latency_time_panel),
     PanelSpec("load-time", "Load: offered vs achieved rate, in flight, errors", load_time_panel, compare_title="Load"),
     PanelSpec("streaming", "Streaming", streaming_panel),
+    PanelSpec("models", "Models", models_panel),
     PanelSpec("server-view", "Server's view", server_panel),
     PanelSpec("sessions", "Sessions and prefix cache", sessions_panel),
     PanelSpec("gpu", "GPU lanes", gpu_panel),

@@ -77,7 +77,8 @@ def event_label(e: dict, failed: bool = False) -> str:
     return esc_label(kind.replace("_", " ") + (f" {detail}" if detail else ""))[:LABEL_CHARS]
 
 
-OBJECTIVE_WORDS = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL (worst gap)", "latency_ms": "latency"}
+OBJECTIVE_WORDS = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL (worst gap)", "latency_ms": "latency",
+                   "ttfot_ms": "TTFOT"}
 
 
 def objectives_text(objectives: dict) -> str:

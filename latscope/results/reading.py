@@ -42,9 +42,15 @@ MAX_DEPTH = 64
 # must be present), and "*": the shape of every other key's value; (None, shape): null or that shape.
 
 _COUNTS = {k: "int" for k in ("scheduled", "sent", "completed", "errors", "dropped", "late", "cancelled",
-                                "not_sent", "unaccounted")}
+                                "not_sent", "unaccounted", "empty")}
 _ROW = {"count": "int", **{stat: "number?" for stat in ROW_STATS[1:]}}
 _CACHE = (None, {"cached_tokens": "int", "prompt_tokens": "int", "hit_rate": "number?"})
+# tokens.<class>.counts (run/token_counts.py): where the counts came from, the server's against the plan
+_TOKEN_COUNTS = {"prompt": {"source": "str", "mean_difference": "number?", "worst_difference": "int?",
+                            **{k: "int" for k in ("from_usage", "from_plan", "checked", "differ")}},
+                 "output": {"source": "str", "mean_shortfall": "number?", "hint": "str?",
+                            **{k: "int" for k in ("from_usage", "by_tokenizer", "from_chunks", "uncounted", "checked",
+                                                  "short", "long")}}}
 # a session class's turn (summary.json sessions.<class>.by_turn.<turn>): its counters and metrics
 _TURN = {**{counter: "int" for counter in TURN_COUNTERS}, "hit_rate": "number?", **{m: _ROW for m in TURN_METRICS}}
 
@@ -72,7 +78,10 @@ SUMMARY_SHAPE: dict[str, Any] = {
     "throughput": {"*": "number?"},
     "metrics": {"*": {"*": _ROW}},  # metric -> class -> ROW_STATS
     "tokens": {"*": {"prompt_tokens": "int", "output_tokens": "int", "output_tokens_per_s": "number?",
-                     "output_count_source": "str?", "prefix_cache": _CACHE}},
+                     "output_count_source": "str?", "prefix_cache": _CACHE, "reasoning_tokens": "int",
+                     "counts": _TOKEN_COUNTS}},
+    "batch": {"*": {"protocol": "str", "unit": "str", "completed": "int", "items": "int", "items_per_request": "number",
+                    "items_per_s": "number", "input_tokens": "int", "input_tokens_per_s": "number"}},
     "errors": {"*": "int"},
     "error_examples": {"*": ["str"]},
     "goodput": {"*": {"good": "int", "total": "int", "fraction": "number?", "rps": "number?",

@@ -57,13 +57,41 @@ ERROR_KINDS = ("connect", "timeout", "http_4xx", "http_5xx", "protocol")
 # histories together limits.max_carried_bytes_per_worker: its later turns are not sent; added last,
 # so a file written before it lacks the column); `turns_not_sent`, the turns abandoned, cut and
 # history_limit sessions did not send.
+#
+# Reasoning and answers (intervals.py): `reasoning_tokens`, the reasoning tokens among the output
+# tokens of completed requests (the server's usage.completion_tokens_details.reasoning_tokens when it
+# said, else the reasoning chunks counted); `empty`, completed answers with 0 output tokens (a stream
+# that ended without a token chunk, a whole answer with nothing in it: completed, not errors, and
+# without a TTFT); `items`, the items of completed batch requests (embeddings' inputs, rerank's
+# documents: Outcome.items).
 TOKEN_COUNTERS = ("prompt_tokens", "output_tokens", "output_tokens_usage")
 GOODPUT_COUNTERS = ("good", "good_output_tokens")
 CACHE_COUNTERS = ("cached_tokens", "cache_reported_prompt_tokens")
 SESSION_COUNTERS = ("sessions_started", "sessions_completed", "sessions_abandoned", "sessions_cut", "turns_not_sent",
                     "sessions_history_limit")
+REASONING_COUNTERS = ("reasoning_tokens", "empty", "items")
+#
+# Where token counts came from, and how far the server's were from the plan (intervals.py, over
+# completed requests; summary.json tokens.<class>.counts). Prompt: `prompt_from_usage` (the server
+# said: usage), `prompt_from_plan` (it did not: the plan's count stands in, the tokenizer's for a
+# dataset class with workload.tokenizer); of those with both (sessions' turns left out: they send a
+# history and a shared prefix besides their planned text), `prompt_checked`, `prompt_differ`
+# (server ≠ plan), `prompt_above` / `prompt_below` (sums of server − plan where positive / of plan −
+# server where positive: mean = (above − below) / checked), `prompt_above_max` / `prompt_below_max`
+# (the largest of each: MAX_COUNTERS, merged by taking the larger, never summed: add_counters).
+# Output: `output_from_usage`, `output_by_tokenizer` (workload.tokenizer on the answer's text),
+# `output_from_chunks` (a stream's chunks counted), `output_uncounted` (a whole answer that said
+# nothing); of those with a max_tokens asked and a count from usage or the tokenizer,
+# `output_checked`, `output_short` (fewer tokens than asked), `output_short_tokens` (the tokens they
+# fell short by, summed), `output_long` (more than asked).
+TOKEN_SOURCE_COUNTERS = ("prompt_from_usage", "prompt_from_plan", "prompt_checked", "prompt_differ", "prompt_above",
+                         "prompt_below", "prompt_above_max", "prompt_below_max", "output_from_usage",
+                         "output_by_tokenizer", "output_from_chunks", "output_uncounted", "output_checked",
+                         "output_short", "output_short_tokens", "output_long")
+MAX_COUNTERS = ("prompt_above_max", "prompt_below_max")
 _FIRST_COUNTERS = ("sent", "completed", "dropped", "late", "cancelled", *ERROR_KINDS, *TOKEN_COUNTERS)
-COUNTERS = (*_FIRST_COUNTERS, *GOODPUT_COUNTERS, *CACHE_COUNTERS, *SESSION_COUNTERS)
+COUNTERS = (*_FIRST_COUNTERS, *GOODPUT_COUNTERS, *CACHE_COUNTERS, *SESSION_COUNTERS, *REASONING_COUNTERS,
+            *TOKEN_SOURCE_COUNTERS)
 SENT, COMPLETED, DROPPED, LATE, CANCELLED = range(5)
 ERROR_INDEX = {kind: 5 + i for i, kind in enumerate(ERROR_KINDS)}
 PROMPT_TOKENS, OUTPUT_TOKENS, OUTPUT_TOKENS_USAGE = (COUNTERS.index(c) for c in TOKEN_COUNTERS)
@@ -71,6 +99,21 @@ GOOD, GOOD_OUTPUT_TOKENS = (COUNTERS.index(c) for c in GOODPUT_COUNTERS)
 CACHED_TOKENS, CACHE_REPORTED = (COUNTERS.index(c) for c in CACHE_COUNTERS)
 SESSIONS_STARTED, SESSIONS_COMPLETED, SESSIONS_ABANDONED, SESSIONS_CUT, TURNS_NOT_SENT, SESSIONS_HISTORY_LIMIT = (
     COUNTERS.index(c) for c in SESSION_COUNTERS)
+REASONING_TOKENS, EMPTY, ITEMS = (COUNTERS.index(c) for c in REASONING_COUNTERS)
+(PROMPT_FROM_USAGE, PROMPT_FROM_PLAN, PROMPT_CHECKED, PROMPT_DIFFER, PROMPT_ABOVE, PROMPT_BELOW, PROMPT_ABOVE_MAX,
+ PROMPT_BELOW_MAX, OUTPUT_FROM_USAGE, OUTPUT_BY_TOKENIZER, OUTPUT_FROM_CHUNKS, OUTPUT_UNCOUNTED, OUTPUT_CHECKED,
+ OUTPUT_SHORT, OUTPUT_SHORT_TOKENS, OUTPUT_LONG) = (COUNTERS.index(c) for c in TOKEN_SOURCE_COUNTERS)
+MAX_INDEX = tuple(COUNTERS.index(c) for c in MAX_COUNTERS)
+
+
+def add_counters(total, row):  # numpy int64 arrays of COUNTERS (total None: none yet)
+    """The one way two rows of COUNTERS merge (workers, intervals, nodes): summed, except MAX_COUNTERS,
+    which take the larger. Returns the merged row (a new array)."""
+    if total is None:
+        return row.copy()
+    merged = total + row
+    merged[list(MAX_INDEX)] = [max(total[i], row[i]) for i in MAX_INDEX]
+    return merged
 
 # Per turn of a session (intervals.py, IntervalReport.turns): (class index, turn, warm-up) -> these
 # counters of the turn's requests; summary.json's sessions.<class>.by_turn.
@@ -94,7 +137,8 @@ ALL = "all"  # the class of every request together (the lossless merge of the pe
 ROW_STATS = ("count", "min_ms", "mean_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "p99.9_ms", "max_ms")
 # Columns are added at the end, so the columns of a file written by older code are a prefix of these.
 TIMESERIES_COLUMNS = ("interval_start_s", "interval_s", "phase", "metric", "class", *ROW_STATS, "scheduled",
-                      *_FIRST_COUNTERS, "errors", "in_flight", *GOODPUT_COUNTERS, *CACHE_COUNTERS, *SESSION_COUNTERS)
+                      *_FIRST_COUNTERS, "errors", "in_flight", *GOODPUT_COUNTERS, *CACHE_COUNTERS, *SESSION_COUNTERS,
+                      *REASONING_COUNTERS, *TOKEN_SOURCE_COUNTERS)
 TELEMETRY_COLUMNS = ("t_s", "source", "device", "metric", "value")
 # A session's later turns follow its rows (intended_s NaN: each is due its think_s after the answer
 # before it), so a request's `seq` (its X-Request-Id) is its row; a closed-loop phase plans no requests.
@@ -148,6 +192,12 @@ REQUEST_COLUMNS: dict[str, str] = {
     "stall_us": "int64: the generator's own stalls (GC pauses, event-loop lag, each ≥ 1 ms) overlapping "
                 "[intended, end], their union in µs (0: none)",
     "connection": "int32: which connection of its worker's client carried it (null: unknown)",
+    "ttfot_us": "int64: first content chunk − intended, the answer's first token after any reasoning (streams with one)",
+    "reasoning_tokens": "int32: the reasoning tokens among output_tokens (the server's usage, else reasoning chunks; 0: none)",
+    "prompt_count": "string: where prompt_tokens came from: `usage` (the server's), `plan` (the plan's: workload.tokenizer's "
+                    "for a dataset class); null: no prompt",
+    "output_count": "string: where output_tokens came from: `usage`, `tokenizer` (workload.tokenizer on the answer's text), "
+                    "`chunks` (a stream's chunks counted); null: not counted",
 }
 REQUEST_SERVER_PREFIX = "server."  # then one float64 column per Server-Timing part (ms)
 
@@ -164,9 +214,15 @@ METRICS: dict[str, Metric] = {
     "latency": Metric("latency", "end − intended send time: what a user waited, open loop (no coordinated omission)"),
     "service_time": Metric("service time", "end − actual send time: the target's part, without the client's lateness"),
     "send_lag": Metric("send lag", "actual send − intended send time: how late the generator sent"),
-    "ttft": Metric("TTFT", "first token chunk − intended send time (streams)"),
+    "ttft": Metric("TTFT", "first token chunk − intended send time (streams; a reasoning chunk counts)"),
+    "ttfot": Metric("TTFOT", "time to first output token: first content chunk (the answer itself, not reasoning) "
+                             "− intended send time (streams with a content chunk; = TTFT without reasoning)"),
+    "reasoning_time": Metric("reasoning time", "first content chunk − first token chunk, per stream that reasoned "
+                                               "(a reasoning chunk first) and then answered"),
     "itl": Metric("ITL", "each gap between two token chunks of a stream, as the client saw them"),
     "tpot": Metric("TPOT", "(end − first token chunk) / (output tokens − 1), per stream"),
+    "content_tpot": Metric("content TPOT", "(end − first content chunk) / (content tokens − 1), content tokens = "
+                                           "output − reasoning tokens, per stream of more than one"),
     "encode": Metric("client encode", "the client's own encoding of a request (serialization), done ahead of its "
                                       "intended time (engine.py), so not inside latency"),
     "client_inclusive": Metric("client-inclusive latency", "latency + the part of the encode done before the "
@@ -186,8 +242,8 @@ METRICS: dict[str, Metric] = {
                                                 "prefix cache's story"),
     "server.<part>": Metric("server.<part>", "one Server-Timing part as the server reported it (queue, compute, ...)"),
 }
-SUMMARY_FIRST = ("latency", "service_time", "send_lag", "ttft", "itl", "tpot", "encode", "network", "decode",
-                 "client_inclusive")
+SUMMARY_FIRST = ("latency", "service_time", "send_lag", "ttft", "itl", "tpot", "ttfot", "reasoning_time",
+                 "content_tpot", "encode", "network", "decode", "client_inclusive")
 
 
 def summary_order(names: set[str] | list[str]) -> list[str]:
@@ -205,7 +261,7 @@ def metric_label(name: str) -> str:
 # last section, OTHER_GROUP.
 METRIC_GROUPS = (
     ("Latency", ("latency", "service_time")),
-    ("Streaming", ("ttft", "itl", "tpot")),
+    ("Streaming", ("ttft", "itl", "tpot", "ttfot", "reasoning_time", "content_tpot")),
     ("Where the service time goes (means add up; see Serialization)", ("network", "server.*", "decode")),
     ("Client serialization (encode is done ahead of the send)", ("encode", "client_inclusive")),
     ("Per replica (class = replica id)", ("replica_latency",)),

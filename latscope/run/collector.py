@@ -21,7 +21,7 @@ from latscope.plan import Plan
 from latscope.records import IntervalReport, Probe
 from latscope.recorder import from_sparse, new_histogram, summarize
 from latscope.results.hlog import HlogWriter
-from latscope.results.schema import ALL, COUNTERS, ERROR_INDEX, ROW_STATS, TURN_COUNTERS, of_workload_classes
+from latscope.results.schema import ALL, COUNTERS, ERROR_INDEX, ROW_STATS, TURN_COUNTERS, add_counters, of_workload_classes
 
 
 @dataclass(frozen=True)
@@ -117,8 +117,9 @@ class Collector:
                 self.clamped[metric] += n
             for (ci, warmup), row in report.counters.items():
                 key = (self.plan.class_names[ci], warmup)
-                counts[key] += row
-                self.counters[key] += row
+                row = np.asarray(row, np.int64)
+                counts[key] = add_counters(counts[key], row)  # summed, a few taken as the larger (schema)
+                self.counters[key] = add_counters(self.counters[key], row)
             for (ci, turn, warmup), row in report.turns.items():
                 if not warmup:
                     self.turn_counters[(self.plan.class_names[ci], turn)] += row
@@ -146,9 +147,13 @@ class Collector:
         scheduled: dict[str, int] = defaultdict(int)
         for name in self.plan.class_names:
             for warmup in (False, True):
-                per_class[name] += counts.get((name, warmup), 0)
+                if (name, warmup) in counts:
+                    per_class[name] = add_counters(per_class[name], counts[(name, warmup)])
                 scheduled[name] += self._scheduled.get((k, name, warmup), 0)
-        per_class[ALL] = sum(per_class.values(), np.zeros(len(COUNTERS), np.int64))
+        every = np.zeros(len(COUNTERS), np.int64)
+        for row in list(per_class.values()):
+            every = add_counters(every, row)
+        per_class[ALL] = every
         scheduled[ALL] = sum(scheduled.values())
         self.last_interval = {"scheduled": scheduled[ALL], **{n: int(per_class[ALL][i]) for i, n in enumerate(COUNTERS)}}
         interval.setdefault("latency", {})  # one latency row per class even when nothing completed

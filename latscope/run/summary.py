@@ -23,18 +23,23 @@ import numpy as np
 
 from latscope import __version__, results
 from latscope.analysis.coldstart import cold_start_summary
+from latscope.analysis.models import model_mix
 from latscope.analysis.run_data import load_run
 from latscope.analysis.verdicts import (lag_thresholds, no_success_reason, node_stamp, slo_verdicts, tightest_limit,
                                        validity)
 from latscope.plan import Plan
 from latscope.recorder import summarize
 from latscope.results.schema import (ALL, CACHE_REPORTED, CACHED_TOKENS, CANCELLED, COMPLETED, COUNTERS, DROPPED,
-                                     ERROR_INDEX, ERROR_KINDS, GOOD, GOOD_OUTPUT_TOKENS, LATE, OUTPUT_TOKENS,
+                                     EMPTY, ERROR_INDEX, REASONING_TOKENS, ERROR_KINDS, GOOD, GOOD_OUTPUT_TOKENS, LATE, OUTPUT_TOKENS,
                                      OUTPUT_TOKENS_USAGE, PROMPT_TOKENS, SENT, SESSION_COUNTERS, SESSIONS_STARTED,
                                      TIMESERIES_COLUMNS, TURN_CACHED, TURN_COUNTERS, TURN_METRICS, TURN_PREFIX,
                                      TURN_REPORTED, summary_order, turn_class)
+from latscope.results.schema import ITEMS
+from latscope.results.schema import PROMPT_FROM_USAGE
+from latscope.run.token_counts import token_counts
 from latscope.run.collector import Collector
 from latscope.scenario import Scenario
+from latscope.scenario.protocols import BATCH_PROTOCOLS
 from latscope.workload import salt_record
 
 
@@ -147,12 +152,14 @@ def build_summary(facts: RunFacts) -> dict:
         },
         "metrics": metrics,
         "tokens": _tokens(facts, window),
+        "batch": _batch(facts, window),
         "errors": errors,
         "error_examples": facts.error_examples,
         "goodput": goodput,
         "load": _load(plan),
         "prompt_salt": salt_record(scenario),
         "sessions": _sessions(facts, metrics),
+        "models": _models(facts, by_class),
         "slo": slo_verdicts(metrics, scenario.slos, requests, requests["completed"] / window if window else 0.0, goodput),
         "phases": [
             {"name": p.name, "start_s": p.start_s, "duration_s": p.duration_s, "warmup": p.warmup}
@@ -206,6 +213,7 @@ def _request_counts(facts: RunFacts) -> tuple[dict, dict, dict, dict]:
             "scheduled": scheduled,
             "sent": sent,
             "completed": int(total[COMPLETED]),
+            "empty": int(total[EMPTY]),  # completed answers with 0 output tokens (intervals.py)
             "errors": int(sum(total[ERROR_INDEX[k]] for k in ERROR_KINDS)),
             "dropped": dropped,
             "late": int(total[LATE]),
@@ -238,7 +246,9 @@ def _tokens(facts: RunFacts, window_s: float) -> dict:
         if not warmup:
             totals[name] = totals.get(name, 0) + row[[PROMPT_TOKENS, OUTPUT_TOKENS, OUTPUT_TOKENS_USAGE, CACHED_TOKENS,
                                                       CACHE_REPORTED]]
-    if not totals or not any(int(t[1]) for t in totals.values()):
+    sources = {name: row for (name, warmup), row in counters.items() if not warmup}
+    if not totals or not (any(int(t[1]) for t in totals.values())
+                          or any(int(row[PROMPT_FROM_USAGE:].sum()) for row in sources.values())):
         return {}
     totals["all"] = sum(totals.values())
     out = {}
@@ -249,6 +259,39 @@ def _tokens(facts: RunFacts, window_s: float) -> dict:
                      "output_count_source": source}
         if reported:  # the server said how many prompt tokens its prefix cache served
             out[name]["prefix_cache"] = _hit_rate(int(cached), int(reported))
+        if reasoning := _measured(counters, name, REASONING_TOKENS):  # of the output tokens (intervals.py)
+            out[name]["reasoning_tokens"] = reasoning
+    tokenizer = facts.scenario.workload.tokenizer is not None
+    by_tokenizer = {c.name for c in facts.scenario.workload.effective_classes() if tokenizer and c.dataset is not None}
+    for name, counts in token_counts(sources, by_tokenizer).items():  # where the counts came from (token_counts.py)
+        out[name]["counts"] = counts
+        out[name]["output_count_source"] = counts["output"]["source"]
+    return out
+
+
+def _measured(counters: dict, name: str, counter: int) -> int:
+    """One counter outside warm-up, summed over a class's rows ("all": every class's)."""
+    return int(sum(int(row[counter]) for (n, warmup), row in counters.items() if not warmup and name in (n, ALL)))
+
+
+def _batch(facts: RunFacts, window_s: float) -> dict:
+    """summary.json's `batch`, outside warm-up: per class of a batch protocol (openai-embeddings,
+    rerank; scenario.protocols.BATCH_PROTOCOLS) that completed a request, the items its completed
+    requests carried (`unit`: inputs, documents) and their input tokens (the server's usage where it
+    said, else the plan's), in all and per second of the measured window. {} when there is none."""
+    counters = facts.collector.counters if facts.collector else {}
+    out = {}
+    for i, name in enumerate(facts.plan.class_names):
+        protocol = facts.scenario.endpoint(i).protocol
+        if protocol not in BATCH_PROTOCOLS:
+            continue
+        row = sum((v for (n, w), v in counters.items() if n == name and not w), np.zeros(len(COUNTERS), np.int64))
+        completed, items, tokens = int(row[COMPLETED]), int(row[ITEMS]), int(row[PROMPT_TOKENS])
+        if completed:
+            out[name] = {"protocol": protocol, "unit": BATCH_PROTOCOLS[protocol], "completed": completed,
+                         "items": items, "items_per_request": round(items / completed, 3),
+                         "items_per_s": round(items / window_s, 3) if window_s else 0.0,
+                         "input_tokens": tokens, "input_tokens_per_s": round(tokens / window_s, 3) if window_s else 0.0}
     return out
 
 
@@ -290,6 +333,15 @@ def _load(plan: Plan) -> dict:
         return {"model": "open"}
     users = int((plan.user >= 0).sum())
     return {"model": "closed" if users == len(plan) else "mixed", "users": users, "note": CLOSED_LOOP_NOTE}
+
+
+def _models(facts: RunFacts, by_class: dict) -> dict:
+    """summary.json's `models` (analysis/models.py): the classes grouped by the model each names (its
+    own `model`, else the target's), when they name two or more; {} otherwise."""
+    if facts.collector is None:
+        return {}
+    class_models = {name: facts.scenario.endpoint(i).model for i, name in enumerate(facts.plan.class_names)}
+    return model_mix(facts.collector.totals, class_models, by_class)
 
 
 def _sessions(facts: RunFacts, metrics: dict) -> dict:

@@ -3,6 +3,7 @@
     slos:                       # optional; replaces the scenario's own `slos` when given
       - {metric: latency, class: all, stat: p99, limit_ms: 250}
       - {metric: ttft, stat: p95, limit_ms: 800}
+      - {metric: ttfot, stat: p95, limit_ms: 3000}  # a reasoning model's answer: its first content token
       - {stat: error_rate, limit: 0.01}          # at most 1 % of answered requests fail
       - {stat: throughput, limit: 40}            # at least 40 req/s achieved (direction: min)
     regression:                 # used when a baseline is given

@@ -6,7 +6,8 @@ its requests are built from workload payloads, and which client speaks it. The s
 defaults read the table (schema.py), and so does the client factory (latscope/protocols/__init__.py),
 so adding a protocol is one client module under latscope/protocols/ plus one row here.
 
-Also here: the option sections of the protocols that have some (`openai:`, `kserve:`).
+Also here: the option sections of the protocols that have some (`openai:`, also for openai-responses;
+`kserve:`, `anthropic:`, `embeddings:`, `rerank:`).
 """
 
 from __future__ import annotations
@@ -15,20 +16,33 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, Field
 
-from latscope.scenario.base import Model, check_http_url, check_url_text
+from latscope.scenario.base import HeaderValue, Model, check_http_url, check_url_text
 
 DEFAULT_PROMPT_TOKENS = 32  # an openai class that gives neither prompt_tokens nor a dataset
 
 
 class OpenAIOptions(Model):
     """How requests to an OpenAI-compatible server look. `extra_body` is merged into every request
-    (temperature, vLLM's `ignore_eos`, ...)."""
+    (temperature, vLLM's `ignore_eos`, ...). Protocol openai-responses takes `stream` and `extra_body`
+    from here (its usage always comes: `api` and `include_usage` do not apply)."""
 
     api: Literal["chat", "completions"] = "chat"
     stream: bool = True
     include_usage: bool = True  # ask for the final usage chunk (stream_options.include_usage)
+    extra_body: dict[str, Any] = {}
+
+
+class AnthropicOptions(Model):
+    """How requests to an Anthropic Messages API server look (protocol anthropic-messages): `version`
+    is the anthropic-version header (unless the headers give one); `max_tokens` is sent when the class
+    plans no output length (the API requires one); `extra_body` is merged into every request
+    (temperature, `thinking: {type: enabled, budget_tokens: N}`, ...)."""
+
+    version: HeaderValue = "2023-06-01"
+    stream: bool = True
+    max_tokens: int = Field(1024, ge=1)
     extra_body: dict[str, Any] = {}
 
 
@@ -39,6 +53,28 @@ class KServeOptions(Model):
     binary: bool = False
     version: Annotated[str, AfterValidator(check_url_text)] | None = None  # goes into the path
     outputs: list[str] = []
+
+
+class EmbeddingsOptions(Model):
+    """How requests to an OpenAI-compatible /v1/embeddings look (protocol openai-embeddings):
+    `encoding_format` is sent when given (`float` or `base64`; servers default to float);
+    `extra_body` is merged into every request (`dimensions`, vLLM's `truncate_prompt_tokens`, ...)."""
+
+    encoding_format: Literal["float", "base64"] | None = None
+    extra_body: dict[str, Any] = {}
+
+
+class RerankOptions(Model):
+    """How rerank requests look (protocol rerank). `api: cohere` is the shape vLLM (/rerank, /v1/rerank,
+    /v2/rerank), Jina and Cohere share: {model, query, documents, top_n?} answered by {results: [{index,
+    relevance_score}], usage?}; `api: tei` is Hugging Face TEI's own /rerank: {query, texts} answered by
+    [{index, score}] (give `path: /rerank`; TEI takes no model). `top_n` and `return_documents`
+    (TEI: `return_text`) are sent when given; `extra_body` is merged into every request."""
+
+    api: Literal["cohere", "tei"] = "cohere"
+    top_n: int | None = Field(None, ge=1)
+    return_documents: bool | None = None
+    extra_body: dict[str, Any] = {}
 
 
 def check_grpc_url(url: str) -> str:
@@ -63,6 +99,22 @@ def kserve_path(model: str | None, openai: OpenAIOptions, kserve: KServeOptions)
     return f"/v2/models/{model}" + (f"/versions/{kserve.version}" if kserve.version else "") + "/infer"
 
 
+def responses_path(model: str | None, openai: OpenAIOptions, kserve: KServeOptions) -> str:
+    return "/v1/responses"
+
+
+def messages_path(model: str | None, openai: OpenAIOptions, kserve: KServeOptions) -> str:
+    return "/v1/messages"
+
+
+def embeddings_path(model: str | None, openai: OpenAIOptions, kserve: KServeOptions) -> str:
+    return "/v1/embeddings"
+
+
+def rerank_path(model: str | None, openai: OpenAIOptions, kserve: KServeOptions) -> str:
+    return "/v1/rerank"  # TEI's own API is at /rerank (RerankOptions)
+
+
 @dataclass(frozen=True)
 class ProtocolSpec:
     name: str
@@ -76,6 +128,7 @@ class ProtocolSpec:
     # The path when neither the class nor the target gives one; None: the target's (empty) path.
     default_path: Callable[[str | None, OpenAIOptions, KServeOptions], str] | None = None
     default_prompt_tokens: int = 0  # prompt length of a class that gives neither prompt_tokens nor a dataset
+    sessions: bool = False  # a class may be a `session` (conversations of text turns)
 
 
 PROTOCOLS: dict[str, ProtocolSpec] = {
@@ -84,14 +137,24 @@ PROTOCOLS: dict[str, ProtocolSpec] = {
         ProtocolSpec("http", "http:HttpClient", check_http_url, "http://host:port", needs_model=False,
                      payloads=False, default_method=None),
         ProtocolSpec("openai", "openai:OpenAIClient", check_http_url, "http://host:port", default_path=openai_path,
-                     default_prompt_tokens=DEFAULT_PROMPT_TOKENS),
+                     default_prompt_tokens=DEFAULT_PROMPT_TOKENS, sessions=True),
+        ProtocolSpec("openai-responses", "openai_responses:ResponsesClient", check_http_url, "http://host:port",
+                     default_path=responses_path, default_prompt_tokens=DEFAULT_PROMPT_TOKENS, sessions=True),
+        ProtocolSpec("anthropic-messages", "anthropic_messages:MessagesClient", check_http_url, "http://host:port",
+                     default_path=messages_path, default_prompt_tokens=DEFAULT_PROMPT_TOKENS, sessions=True),
         ProtocolSpec("kserve-v2", "kserve:KServeClient", check_http_url, "http://host:port", needs_tensors=True,
                      default_path=kserve_path),
         ProtocolSpec("kserve-v2-grpc", "kserve_grpc:KServeGrpcClient", check_grpc_url, "grpc://host:port",
                      needs_tensors=True, default_path=kserve_path),
+        ProtocolSpec("openai-embeddings", "embeddings:EmbeddingsClient", check_http_url, "http://host:port",
+                     default_path=embeddings_path, default_prompt_tokens=DEFAULT_PROMPT_TOKENS),
+        ProtocolSpec("rerank", "rerank:RerankClient", check_http_url, "http://host:port", needs_model=False,
+                     default_path=rerank_path, default_prompt_tokens=DEFAULT_PROMPT_TOKENS),  # TEI serves one model
     )
 }
-Protocol = Literal[tuple(PROTOCOLS)]  # type: ignore[valid-type]  # "http", "openai", "kserve-v2", "kserve-v2-grpc"
+# The protocols whose requests carry a class's `batch` of items, and what an item is called (summary.json `batch`)
+BATCH_PROTOCOLS = {"openai-embeddings": "inputs", "rerank": "documents"}
+Protocol = Literal[tuple(PROTOCOLS)]  # type: ignore[valid-type]  # "http", "openai", ..., the rows' names
 
 
 def check_url(url: str, protocol: str) -> str:

@@ -14,7 +14,7 @@ from latscope.errors import ScenarioError
 from latscope.scenario.actions import Action, check_actions
 from latscope.scenario.base import NAME_RE, DataPath, Model, ProblemAt, check_unique, dotted, split_credentials
 from latscope.scenario.phases import Phase
-from latscope.scenario.protocols import PROTOCOLS, ProtocolSpec
+from latscope.scenario.protocols import BATCH_PROTOCOLS, PROTOCOLS, ProtocolSpec
 from latscope.scenario.settings import GOODPUT, GOODPUT_OBJECTIVES, Goodput, Limits, Output, Slo, Validity
 from latscope.scenario.target import Endpoint, Target
 from latscope.scenario.telemetry import Telemetry
@@ -125,7 +125,7 @@ class Scenario(Model):
                 continue
             if not any(objectives.values()):
                 raise ProblemAt(("slos", i), "a goodput SLO needs goodput objectives: add a `goodput:` section "
-                                             "(ttft_ms, tpot_ms, itl_ms, latency_ms) or one to a workload class")
+                                             "(ttft_ms, tpot_ms, itl_ms, latency_ms, ttfot_ms) or one to a workload class")
             if slo.class_ != "all" and objectives.get(slo.class_) is None:
                 raise ProblemAt(("slos", i, "class"), f"class {slo.class_!r} has no goodput objectives (give the scenario "
                                                       "or the class a `goodput:` section)")
@@ -160,9 +160,13 @@ class Scenario(Model):
                     raise ProblemAt((*where, "url"), str(exc)) from None
             if spec.needs_model and (cls.model or self.target.model) is None:
                 raise ProblemAt(where, f"protocol {protocol} needs a model name (target.model or the class's model)")
-            if cls.session is not None and protocol != "openai":
+            if cls.session is not None and not spec.sessions:
                 raise ProblemAt((*where, "session"), f"sessions are conversations of text turns: they need protocol "
-                                                      f"openai, not {protocol}")
+                                                      f"openai, openai-responses or anthropic-messages, not {protocol}")
+            if cls.session is not None and cls.session.carry_reasoning and protocol != "openai":
+                raise ProblemAt((*where, "session", "carry_reasoning"), f"{protocol} cannot carry reasoning: its API takes "
+                                "reasoning back only as the items the server signed or encrypted, which latscope does not keep")
+            _batch_fields_fit(cls, protocol, where)
             if spec.needs_tensors and not cls.tensors:
                 raise ProblemAt(where, f"protocol {protocol} needs tensors (the inputs to send)")
             if cls.protocol is not None and cls.url is None and not _takes(spec, self.target.url):
@@ -210,6 +214,9 @@ class Scenario(Model):
             openai=openai,
             kserve=kserve,
             request_id_header=t.request_id_header,
+            anthropic=c.anthropic or t.anthropic,
+            embeddings=c.embeddings or t.embeddings,
+            rerank=c.rerank or t.rerank,
         )
 
     def problem(self, path: DataPath, message: str) -> ScenarioError:
@@ -257,6 +264,18 @@ class Scenario(Model):
             return self._files[p]
         path = Path(p).expanduser()
         return path if path.is_absolute() else self._base_dir / path
+
+
+def _batch_fields_fit(cls: WorkloadClass, protocol: str, where: DataPath) -> None:
+    """`batch` and `query_tokens` belong to the batch protocols (rerank alone has a query); those send
+    no max_tokens, so an output_tokens there would be a length nothing asks for."""
+    fields = {"batch": BATCH_PROTOCOLS, "query_tokens": ("rerank",)}
+    for name, protocols in fields.items():
+        if getattr(cls, name) is not None and protocol not in protocols:
+            raise ProblemAt((*where, name), f"`{name}` is for protocol {' or '.join(protocols)}, not {protocol}")
+    if protocol in BATCH_PROTOCOLS and cls.output_tokens is not None:
+        raise ProblemAt((*where, "output_tokens"), f"protocol {protocol} generates no text: it has no output_tokens "
+                                                   "(give batch and prompt_tokens: the items of each request and their length)")
 
 
 def _takes(spec: ProtocolSpec, url: str) -> bool:

@@ -131,6 +131,8 @@ class Goodput(Model):
         latency = end − intended
         ttft    = first token chunk − intended   (no token chunks: the whole answer is its first
                                                   token, so ttft = latency)
+        ttfot   = first content chunk − intended (the answer itself, after a reasoning model's
+                                                  reasoning; no content chunk: ttfot = latency)
         tpot    = (end − first token) / (tokens − 1)   (met by a request of ≤ 1 token)
         itl     = the request's LONGEST gap between two token chunks (met by < 2 chunks)
 
@@ -142,11 +144,12 @@ class Goodput(Model):
     tpot_ms: float | None = Field(None, gt=0)
     itl_ms: float | None = Field(None, gt=0)
     latency_ms: float | None = Field(None, gt=0)
+    ttfot_ms: float | None = Field(None, gt=0)
 
     @model_validator(mode="after")
     def _some_objective(self) -> Goodput:
         if not self.objectives():
-            raise ValueError("give at least one objective: ttft_ms, tpot_ms, itl_ms or latency_ms")
+            raise ValueError("give at least one objective: ttft_ms, tpot_ms, itl_ms, latency_ms or ttfot_ms")
         return self
 
     @model_serializer(mode="wrap")
@@ -159,7 +162,7 @@ class Goodput(Model):
         return {name: value for name in GOODPUT_OBJECTIVES if (value := getattr(self, name)) is not None}
 
 
-GOODPUT_OBJECTIVES = ("ttft_ms", "tpot_ms", "itl_ms", "latency_ms")
+GOODPUT_OBJECTIVES = ("ttft_ms", "tpot_ms", "itl_ms", "latency_ms", "ttfot_ms")
 
 
 DEFAULT_MAX_REQUEST_ROWS = 5_000_000  # requests.parquet's bound by default (~10 bytes a plain HTTP request measured: ~50 MB)

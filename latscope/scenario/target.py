@@ -3,14 +3,15 @@ launch), and `Endpoint`, what one workload class resolves to (Scenario.endpoint)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from pydantic import Field, ValidationInfo, field_validator
 
 from latscope.scenario.base import (SECRET, SECRET_BY_NAME, URL_CREDENTIALS, Duration, HeaderName, Headers, HeaderValue, Model,
                                     ModelName, PositiveDuration, ProcessText, check_http_url, check_method, check_path)
-from latscope.scenario.protocols import KServeOptions, OpenAIOptions, Protocol, check_url
+from latscope.scenario.protocols import (AnthropicOptions, EmbeddingsOptions, KServeOptions, OpenAIOptions, Protocol,
+                                        RerankOptions, check_url)
 
 
 class Launch(Model):
@@ -56,6 +57,9 @@ class Target(Model):
     request_id_header: HeaderName | None = None
     openai: OpenAIOptions = OpenAIOptions()
     kserve: KServeOptions = KServeOptions()
+    anthropic: AnthropicOptions = AnthropicOptions()  # protocol anthropic-messages
+    embeddings: EmbeddingsOptions = EmbeddingsOptions()  # protocol openai-embeddings
+    rerank: RerankOptions = RerankOptions()  # protocol rerank
     launch: Launch | None = None
 
     @field_validator("url")
@@ -89,3 +93,6 @@ class Endpoint:
     openai: OpenAIOptions
     kserve: KServeOptions
     request_id_header: str | None = None
+    anthropic: AnthropicOptions = field(default_factory=AnthropicOptions)
+    embeddings: EmbeddingsOptions = field(default_factory=EmbeddingsOptions)
+    rerank: RerankOptions = field(default_factory=RerankOptions)

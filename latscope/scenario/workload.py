@@ -13,7 +13,8 @@ from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, mo
 
 from latscope.scenario.base import (NAME_RE, SECRET_BY_NAME, URL_CREDENTIALS, Duration, Headers, HeaderValue, Model,
                                     ModelName, ProblemAt, check_method, check_path, check_unique)
-from latscope.scenario.protocols import KServeOptions, OpenAIOptions, Protocol, check_url
+from latscope.scenario.protocols import (AnthropicOptions, EmbeddingsOptions, KServeOptions, OpenAIOptions, Protocol,
+                                        RerankOptions, check_url)
 from latscope.scenario.settings import Goodput
 
 
@@ -102,8 +103,54 @@ class Dataset(Model):
     file: str = Field(min_length=1)
     format: Literal["text", "sharegpt"] = "text"
     field: str = "text"
+    # By token length (workload.tokenizer counts them, latscope/tokenizer.py): prompts shorter than
+    # min_tokens or longer than max_tokens are left out; with `cut`, longer ones are cut to max_tokens.
+    min_tokens: int | None = Field(None, ge=1, le=MAX_LENGTH)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_LENGTH)
+    cut: bool = False
+
+    @model_validator(mode="after")
+    def _token_bounds(self) -> Dataset:
+        if self.min_tokens is not None and self.max_tokens is not None and self.max_tokens < self.min_tokens:
+            raise ValueError(f"max_tokens ({self.max_tokens}) must be at least min_tokens ({self.min_tokens})")
+        if self.cut and self.max_tokens is None:
+            raise ValueError("cut: true cuts prompts to max_tokens: give max_tokens")
+        return self
+
+    @property
+    def by_tokens(self) -> bool:
+        """Whether prompts are picked or cut by their token length (which needs workload.tokenizer)."""
+        return self.min_tokens is not None or self.max_tokens is not None
 
 
+def _chat_template(value: Any) -> Any:
+    """`chat_template: true` is short for `{}` (the template the tokenizer file carries), a string
+    for `{file: ...}`, false for none."""
+    if value is True:
+        return {}
+    if value is False:
+        return None
+    return {"file": value} if isinstance(value, str) else value
+
+
+class ChatTemplate(Model):
+    """The model's chat template (Jinja, as Hugging Face ships it): from `file` (a tokenizer_config.json,
+    its `chat_template`, or a template file), or, without one, the tokenizer file's own `chat_template`."""
+
+    file: str | None = Field(None, min_length=1)
+
+
+class TokenizerSpec(Model):
+    """`workload.tokenizer`: a local Hugging Face tokenizer.json (never downloaded; `pip install
+    'latscope[tokenizer]'`) that counts dataset prompts' tokens exactly, picks or cuts them by length,
+    and counts answers a server sends no usage for. With `chat_template`, a chat class's prompt is
+    counted as the template renders it (one user message and the generation prompt)."""
+
+    file: str = Field(min_length=1)
+    chat_template: Annotated[ChatTemplate | None, BeforeValidator(_chat_template)] = None
+
+
+MAX_BATCH = 16384  # items (embeddings' inputs, rerank's documents) in one request: an empirical batch is cut to it
 MAX_TURNS = 64  # turns of one session: per-turn histograms are kept for every turn index
 MAX_THINK_S = 3600.0
 
@@ -167,7 +214,9 @@ class Session(Model):
     output_tokens (or comes from a ShareGPT dataset's human turns, in order). `history: carry` sends
     every earlier turn and the answer the server gave to it (chat); `new` sends only the new text.
     A carried history is bounded: past `max_history_bytes` (or the worker's
-    limits.max_carried_bytes_per_worker) the session ends `history_limit` (chat.py)."""
+    limits.max_carried_bytes_per_worker) the session ends `history_limit` (chat.py). A carried answer
+    leaves a reasoning model's reasoning out (as OpenAI, DeepSeek and vLLM recommend);
+    `carry_reasoning: true` keeps it (protocols/openai.py)."""
 
     turns: Length | None = None  # default: 1, or a ShareGPT conversation's human turns
     think_time: Annotated[ThinkDist, BeforeValidator(_think)] = FixedThink(value=0.0)
@@ -178,6 +227,7 @@ class Session(Model):
     # 1M-token context, limits.max_prompt_tokens' default, is ~5 MB of text), while a target whose
     # answers are enormous ends the session after one of them instead of filling the worker's memory.
     max_history_bytes: int = Field(8 << 20, ge=1)
+    carry_reasoning: bool = False  # history: carry keeps each answer's reasoning too (default: the answer only)
 
     @field_validator("turns")
     @classmethod
@@ -228,7 +278,8 @@ class WorkloadClass(Model):
     Unset endpoint fields fall back to the target's (protocol, url, method, path, model, openai,
     kserve) or the workload's (body); headers add to the target's. What a request carries depends on
     the protocol: `body` (http); `prompt_tokens`/`output_tokens` or a `dataset` (openai); `tensors`
-    (kserve-v2, kserve-v2-grpc). `goodput` overrides the scenario's goodput objectives field by field
+    (kserve-v2, kserve-v2-grpc); `batch` items of `prompt_tokens` each, or a dataset's rows, with a
+    query of `query_tokens` for rerank (openai-embeddings, rerank). `goodput` overrides the scenario's goodput objectives field by field
     for this class (Scenario.goodput_objectives).
     """
 
@@ -242,6 +293,7 @@ class WorkloadClass(Model):
     model: ModelName | None = None
     openai: OpenAIOptions | None = None
     kserve: KServeOptions | None = None
+    anthropic: AnthropicOptions | None = None
     body: Any = None
     prompt_tokens: Length | None = None
     output_tokens: Length | None = None
@@ -249,6 +301,12 @@ class WorkloadClass(Model):
     tensors: list[TensorSpec] = []
     goodput: Goodput | None = None
     session: Session | None = None
+    # Batch protocols (openai-embeddings, rerank): `batch` items in each request, each of prompt_tokens
+    # tokens (or a dataset's rows); rerank's query has query_tokens. Drawn per request (protocols/embeddings.py).
+    batch: Length | None = None
+    query_tokens: Length | None = None
+    embeddings: EmbeddingsOptions | None = None
+    rerank: RerankOptions | None = None
 
     @field_validator("name")
     @classmethod
@@ -278,6 +336,15 @@ class WorkloadClass(Model):
             return url
         return check_url(url, protocol)
 
+    @field_validator("batch")
+    @classmethod
+    def _batch_bounded(cls, batch: LengthDist | None) -> LengthDist | None:
+        if batch is not None and batch.dist != "empirical":
+            top = batch.max if batch.dist != "fixed" else batch.value
+            if top is None or top > MAX_BATCH:
+                raise ValueError(f"a request carries at most {MAX_BATCH:,} items: give a max of at most {MAX_BATCH:,}")
+        return batch
+
     @model_validator(mode="after")
     def _one_prompt_source(self) -> WorkloadClass:
         if self.dataset is not None and self.prompt_tokens is not None:
@@ -291,12 +358,22 @@ class Workload(Model):
     body: Any = None
     content_type: HeaderValue | None = None
     classes: list[WorkloadClass] = []
+    tokenizer: TokenizerSpec | None = None  # exact token counts (latscope/tokenizer.py)
 
     @field_validator("classes")
     @classmethod
     def _unique_names(cls, classes: list[WorkloadClass]) -> list[WorkloadClass]:
         check_unique([c.name for c in classes], "class")
         return classes
+
+    @model_validator(mode="after")
+    def _tokenizer_for_lengths(self) -> Workload:
+        for i, c in enumerate(self.classes):
+            if c.dataset is not None and c.dataset.by_tokens and self.tokenizer is None:
+                field_name = "min_tokens" if c.dataset.min_tokens is not None else "max_tokens"
+                raise ProblemAt(("workload", "classes", i, "dataset", field_name), "picking prompts by token length needs a "
+                                "tokenizer: give workload.tokenizer: {file: path/to/tokenizer.json}")
+        return self
 
     def check_sizes(self, limit: int) -> None:
         """Each body (as sent) and each class's random input tensors within `limit` bytes (limits.

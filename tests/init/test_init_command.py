@@ -123,6 +123,24 @@ def test_openai_endpoint_gets_a_streaming_chat_starter_that_runs(ref, tmp_path):
     assert summary["metrics"]["ttft"]["all"]["count"] > 0
 
 
+@pytest.mark.parametrize("protocol, model", [("openai-responses", None), ("anthropic-messages", None),
+                                             ("openai-embeddings", "encoder"), ("rerank", "encoder")])
+def test_a_protocol_of_the_openai_family_is_written_for_an_openai_compatible_server_and_runs(ref, tmp_path, protocol, model):
+    """The probe finds the OpenAI API (GET /v1/models); a protocol served beside it is written for that
+    URL without a warning (its own route is not probed), with the listed model unless --model names one."""
+    result, path = init(tmp_path, ref.url, "--protocol", protocol, *(["--model", model] if model else []))
+    assert result.exit_code == 0, result.output + result.stderr
+    assert f"({protocol}'s own route not probed)" in result.output and "warning" not in result.output.lower()
+    t = load_scenario(path).target
+    assert (t.protocol, t.url, t.model) == (protocol, ref.url, model or "decoder")
+    summary = run_short(path, tmp_path, "phases.1.arrival.rate=4")
+    assert summary["metrics"]["latency"]["all"]["count"] > 0
+    if protocol in ("openai-embeddings", "rerank"):
+        assert summary["batch"]["embed" if protocol == "openai-embeddings" else "rerank"]["items"] > 0
+    else:
+        assert summary["metrics"]["ttft"]["all"]["count"] > 0
+
+
 def test_kserve_rest_starter_fills_the_models_inputs_and_runs(ref, tmp_path):
     result, path = init(tmp_path, ref.url, "--protocol", "kserve-v2")
     assert result.exit_code == 0, result.output + result.stderr
@@ -285,12 +303,18 @@ def test_without_a_url_the_starter_launches_the_reference_server_and_runs(cache,
               "phases.1.arrival.rate=6")
 
 
-@pytest.mark.parametrize("protocol", ["kserve-v2", "kserve-v2-grpc", "http"])
+@pytest.mark.parametrize("protocol", ["kserve-v2", "kserve-v2-grpc", "http", "openai-responses", "anthropic-messages",
+                                      "openai-embeddings", "rerank"])
 def test_without_a_url_every_protocol_has_a_starter_that_validates(protocol, tmp_path):
     result, path = init(tmp_path, "--protocol", protocol)
     assert result.exit_code == 0, result.output + result.stderr
     scenario = load_scenario(path)
     assert scenario.target.protocol == protocol and scenario.target.launch is not None
+    # the reference server's model for it: the decoder generates, the encoder embeds and reranks
+    assert scenario.target.model == {"openai-responses": "decoder", "anthropic-messages": "decoder"}.get(
+        protocol, None if protocol == "http" else "encoder")
+    streaming = protocol in ("openai-responses", "anthropic-messages")
+    assert {s.metric for s in scenario.slos} == ({"ttft", "latency"} if streaming else {"latency"})
 
 
 def test_use_case_without_a_url_writes_the_preset_as_shipped(tmp_path):

@@ -11,7 +11,8 @@ from latscope.scenario import PROTOCOLS, Target, scenario_from_dict
 
 
 def test_every_protocol_of_the_table_has_a_client_and_the_schema_accepts_it():
-    assert set(PROTOCOLS) == {"http", "openai", "kserve-v2", "kserve-v2-grpc"}
+    assert set(PROTOCOLS) == {"http", "openai", "openai-responses", "anthropic-messages", "kserve-v2", "kserve-v2-grpc",
+                              "openai-embeddings", "rerank"}
     assert set(Target.model_json_schema()["properties"]["protocol"]["enum"]) == set(PROTOCOLS)
     for name, spec in PROTOCOLS.items():
         cls = client_class(name)

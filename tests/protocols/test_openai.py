@@ -86,7 +86,7 @@ def _gaps_ms(times: list[int]) -> list[float]:
 def server_t_ns(monkeypatch) -> list[int]:
     """The `t_ns` (server write times) of the stream target's token events, as the client parses them."""
     seen: list[int] = []
-    parse = openai_protocol._parse_json
+    parse = openai_protocol.parse_json
 
     def spy(data: bytes):
         value = parse(data)
@@ -94,7 +94,7 @@ def server_t_ns(monkeypatch) -> list[int]:
             seen.append(value["t_ns"])
         return value
 
-    monkeypatch.setattr(openai_protocol, "_parse_json", spy)
+    monkeypatch.setattr(openai_protocol, "parse_json", spy)
     return seen
 
 
@@ -212,7 +212,6 @@ def _script_app(seen: list[dict], marks: dict[str, int]) -> web.Application:
                   b'data: {"choices":[{"index":0,"delta":\ndata: {"content":"lo"}}]}\n\n',
                   b'event: ping\ndata: {"choices":[],"usage":null}\n\n',
                   b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3}}\n\n' + DONE],
-        "no-tokens": [ROLE, DONE],
         "error-event": [_token("a"), b'event: error\ndata: {"message":"' + b"overloaded " * 40 + b'"}\n\n'],
     }
 
@@ -276,6 +275,7 @@ def test_request_bodies_and_awkward_sse():
     assert len(split.token_ns) == 3
     assert split.token_ns[0] == split.token_ns[1] >= marks["split3"] > marks["split2"]
     assert split.token_ns[2] >= marks["split4"] > split.token_ns[1]
+    assert split.reasoning_chunks == 1 and split.content_ns == split.token_ns[0]  # "Hel" is content; "think" reasoning
     assert (split.output_tokens, split.tokens_from_usage, split.prompt_tokens) == (3, True, 7)
     assert split.server_timing == {"queue": 1.5, "prefill": 2.0} and split.replica == "script-1"
     assert split.decode_ns > 0 and split.encode_ns > 0
@@ -285,7 +285,6 @@ def test_request_bodies_and_awkward_sse():
 
 
 @pytest.mark.parametrize("model, stream, kind, words", [
-    ("no-tokens", True, "protocol", "no tokens"),
     ("error-event", True, "protocol", "error event after 1 token: overloaded overloaded"),
     ("json-200", True, "protocol", "Content-Type application/json"),
     ("http-400", True, "http_4xx", "HTTP 400 Bad Request: max_tokens is too large"),

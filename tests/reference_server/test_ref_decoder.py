@@ -180,6 +180,46 @@ def test_generator_batches_sequences_and_matches_running_them_alone(run):
     assert generator.active() == 0 and generator.waiting() == 0
 
 
+def test_a_cost_factor_takes_that_many_runs_per_token_and_changes_no_token(run):
+    """An adapter's factor f (generation.py, cost factors): alone, n tokens take ceil(f) prefill runs and, in
+    the decode batch, f steps per token after the first (the credit the prefill left over carried on); mixed
+    in one batch with others (factors 3, 1.5 and 1), every sequence still gets exactly the tokens it gets alone."""
+    lengths = [9, 11, 14]
+    expected = [greedy_alone(run, p, n) for p, n in zip(PROMPTS, lengths)]
+
+    def alone(factor: float, n: int) -> tuple[list[int], Recorder]:
+        recorder = Recorder()
+        generator = make_generator(run, recorder)
+        try:
+            return asyncio.run(collect_one(generator, PROMPTS[0], n, factor)), recorder
+        finally:
+            generator.stop()
+
+    async def collect_one(generator, prompt, n, factor):
+        return await collect(generator.submit(prompt, n, factor=factor))
+
+    tokens, recorder = alone(3, 9)
+    assert tokens == expected[0]
+    assert (len(recorder.prefills), len(recorder.steps)) == (3, 3 * 8)
+    tokens, recorder = alone(1.5, 9)  # prefill: 2 runs, credit 0.5 left; then 1.5 + 1.5 * 7 = 12 steps, rounded up
+    assert tokens == expected[0]
+    assert (len(recorder.prefills), len(recorder.steps)) == (2, 12)
+
+    recorder = Recorder()
+    generator = make_generator(run, recorder)
+
+    async def mixed():
+        generations = [generator.submit(p, n, factor=f) for p, n, f in zip(PROMPTS, lengths, (3, 1.5, 1))]
+        return await asyncio.gather(*(collect(g) for g in generations))
+
+    try:
+        assert asyncio.run(mixed()) == expected
+    finally:
+        generator.stop()
+    assert len(recorder.steps) == 3 * (lengths[0] - 1)  # the slowest row set the length of the run
+    assert max(recorder.steps) == 3  # they decoded together
+
+
 def test_generator_bounds_sequences_and_queue_and_cancels(run):
     recorder = Recorder()
     generator = make_generator(run, recorder, max_sequences=2, max_waiting=2)

@@ -35,9 +35,11 @@ cache, logs = refserver.cache, refserver.logs
 
 @pytest.fixture(scope="module")
 def server(cache, logs) -> Iterator[Server]:
-    """Every front end on ports it picks: the smallest encoder and decoder, at most 4 tokens per answer."""
+    """Every front end on ports it picks: the smallest encoder and decoder, at most 4 tokens per answer (the
+    first one reasoning), an adapter."""
     with running_server(logs, "--http-port", "0", "--grpc-port", "0", "--admin-port", "0", "--admin-token", TOKEN,
-                        "--layers", "1", "--decoder-layers", "1", "--max-tokens-limit", "4", "--cache-dir",
+                        "--layers", "1", "--decoder-layers", "1", "--max-tokens-limit", "4", "--reasoning-tokens", "1",
+                        "--adapter", "a2=2", "--cache-dir",
                         str(cache), need=("ready", "ready-grpc", "ready-admin")) as s:
         yield s
 
@@ -204,6 +206,42 @@ def openai_request(draw) -> tuple[bytes, Any]:
 @given(data=st.data())
 def test_openai_completions_never_answer_5xx(server, data):
     path, doc = data.draw(openai_request())
+    headers, body = data.draw(encoded(dumps(doc)))
+    status, answer = raw_http(server.url, b"POST", path, headers, body)
+    assert_not_5xx(status, answer, (path, headers, body))
+
+
+@st.composite
+def newer_api_request(draw) -> tuple[bytes, Any]:
+    """A valid request, then mutated, for /v1/responses, /v1/messages, /v1/embeddings or /v1/rerank."""
+    api = draw(st.sampled_from(["responses", "messages", "embeddings", "rerank"]))
+    text = st.text(min_size=1, max_size=20)
+    model = draw(st.sampled_from([GENERATOR, GENERATOR, "a2"]))
+    if api == "responses":
+        doc: dict[str, Any] = {"model": model, "max_output_tokens": draw(st.integers(1, 4)),
+                               "stream": draw(st.booleans()),
+                               "input": draw(st.one_of(text, st.just([{"role": "user", "content": "hi"}])))}
+        if draw(st.booleans()):
+            doc["reasoning_tokens"] = draw(st.integers(0, 5))
+    elif api == "messages":
+        doc = {"model": model, "max_tokens": draw(st.integers(2, 4)), "stream": draw(st.booleans()),
+               "messages": [{"role": "user", "content": draw(text)}]}
+        if draw(st.booleans()):
+            doc["thinking"] = {"type": "enabled", "budget_tokens": 1}
+    elif api == "embeddings":
+        doc = {"model": MODEL, "input": draw(st.one_of(text, st.lists(text, min_size=1, max_size=3))),
+               "encoding_format": draw(st.sampled_from(["float", "base64"]))}
+    else:
+        doc = {"model": MODEL, "query": draw(text), "documents": draw(st.lists(text, min_size=1, max_size=3)),
+               "top_n": draw(st.integers(1, 3))}
+    return b"/v1/" + api.encode(), draw(mutated(st.just(doc)))
+
+
+@seed(SEED)
+@FUZZ
+@given(data=st.data())
+def test_responses_messages_embeddings_rerank_never_answer_5xx(server, data):
+    path, doc = data.draw(newer_api_request())
     headers, body = data.draw(encoded(dumps(doc)))
     status, answer = raw_http(server.url, b"POST", path, headers, body)
     assert_not_5xx(status, answer, (path, headers, body))

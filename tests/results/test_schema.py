@@ -47,7 +47,8 @@ def test_the_fixtures_events_and_files_use_the_catalogue():
     timeseries = pq.read_schema(FIXTURE / schema.TIMESERIES)
     # Columns are only ever added, at the end: the fixture predates the goodput, cache and session
     # counters, and the schedule's session columns.
-    later = (*schema.GOODPUT_COUNTERS, *schema.CACHE_COUNTERS, *schema.SESSION_COUNTERS)
+    later = (*schema.GOODPUT_COUNTERS, *schema.CACHE_COUNTERS, *schema.SESSION_COUNTERS, *schema.REASONING_COUNTERS,
+             *schema.TOKEN_SOURCE_COUNTERS)
     assert timeseries.names + list(later) == list(schema.TIMESERIES_COLUMNS)
     assert pq.read_schema(FIXTURE / schema.TELEMETRY).names == list(schema.TELEMETRY_COLUMNS)
     assert pq.read_schema(FIXTURE / schema.SCHEDULE).names + ["session", "turn", "think_s"] == list(schema.SCHEDULE_COLUMNS)
@@ -75,6 +76,9 @@ def test_counter_indices_name_their_counters():
     assert [schema.COUNTERS[i] for i in (schema.SESSIONS_STARTED, schema.SESSIONS_COMPLETED, schema.SESSIONS_ABANDONED,
                                          schema.SESSIONS_CUT, schema.TURNS_NOT_SENT, schema.SESSIONS_HISTORY_LIMIT)] == list(
         schema.SESSION_COUNTERS)
+    assert [schema.COUNTERS[i] for i in (schema.REASONING_TOKENS, schema.EMPTY, schema.ITEMS)] == list(
+        schema.REASONING_COUNTERS)
     # each added last, in its turn: no index moved
-    later = (*schema.GOODPUT_COUNTERS, *schema.CACHE_COUNTERS, *schema.SESSION_COUNTERS)
+    later = (*schema.GOODPUT_COUNTERS, *schema.CACHE_COUNTERS, *schema.SESSION_COUNTERS, *schema.REASONING_COUNTERS,
+             *schema.TOKEN_SOURCE_COUNTERS)
     assert schema.COUNTERS[-len(later):] == later == schema.TIMESERIES_COLUMNS[-len(later):]

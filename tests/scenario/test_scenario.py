@@ -175,7 +175,8 @@ def test_unknown_field_names_file_line_path_and_allowed_fields(tmp_path):
     message = error_of(path)
     assert message.startswith(f"invalid scenario {path} (1 problem):\n")
     assert (f"{path}:4: target.timout: unknown field (did you mean 'timeout'? "
-            "allowed: protocol, url, method, path, headers, timeout, model, api_key, request_id_header, openai, kserve, launch)") in message
+            "allowed: protocol, url, method, path, headers, timeout, model, api_key, request_id_header, openai, kserve, "
+            "anthropic, embeddings, rerank, launch)") in message
 
 
 def test_unknown_field_in_an_arrival_lists_that_arrivals_fields(tmp_path):
@@ -570,7 +571,7 @@ def test_goodput_objectives_per_class_override_the_scenarios_field_by_field(tmp_
 @pytest.mark.parametrize("extra, expected", [
     ("slos:\n  - {metric: goodput, stat: fraction, min: 0.99}\n",
      r"s.yaml:9: slos\[0\]: a goodput SLO needs goodput objectives: add a `goodput:` section"),
-    ("goodput: {}\n", r"s.yaml:8: goodput: .*give at least one objective: ttft_ms, tpot_ms, itl_ms or latency_ms"),
+    ("goodput: {}\n", r"s.yaml:8: goodput: .*give at least one objective: ttft_ms, tpot_ms, itl_ms, latency_ms or ttfot_ms"),
     ("goodput: {ttft_ms: 0}\n", r"s.yaml:8: goodput.ttft_ms: Input should be greater than 0"),
     ("goodput: {ttft: 5}\n", r"s.yaml:8: goodput.ttft: unknown field"),
     ("goodput: {ttft_ms: 5}\nslos:\n  - {metric: goodput, stat: fraction, min: 0.99, limit: 0.9}\n",
@@ -608,4 +609,4 @@ def test_min_max_shorthand_for_any_statistic_and_the_json_schema():
     assert Slo.model_validate({"metric": "goodput", "stat": "rps", "limit": 3}).bound == "min"  # goodput: min by default
     schema = scenario_json_schema()
     assert {"min", "max"} <= set(schema["$defs"]["Slo"]["properties"]) and "goodput" in schema["properties"]
-    assert set(schema["$defs"]["Goodput"]["properties"]) == {"ttft_ms", "tpot_ms", "itl_ms", "latency_ms"}
+    assert set(schema["$defs"]["Goodput"]["properties"]) == {"ttft_ms", "tpot_ms", "itl_ms", "latency_ms", "ttfot_ms"}
