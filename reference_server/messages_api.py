@@ -33,15 +33,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import time
 import uuid
 from typing import Any
 
 from aiohttp import web
 
-from reference_server.text_api import (STATUS_CLIENT_GONE, ApiError, Job, TextRequest, TextRoutes, chat_prompt,
-                                       check_context, encode, is_int, max_tokens_of, object_body, reasoning_of, render,
-                                       stream_flag)
+from reference_server.text_api import (ApiError, Job, TextRequest, TextRoutes, chat_prompt, check_context, encode,
+                                       is_int, max_tokens_of, object_body, reasoning_of, render, stream_flag)
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
@@ -125,11 +123,7 @@ class MessagesRoutes(TextRoutes):
                 "usage": {"input_tokens": len(job.request.prompt) - cached, "output_tokens": output_tokens,
                           "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}}
 
-    async def complete(self, request: web.Request, job: Job) -> web.StreamResponse:
-        ids = await self.collect(request, job)
-        if ids is None:
-            return web.Response(status=STATUS_CLIENT_GONE)
-        started = time.perf_counter_ns()
+    def answer(self, job: Job, ids: list[int]) -> dict[str, Any]:
         r = job.request.reasoning
         content = []
         if r:
@@ -137,10 +131,7 @@ class MessagesRoutes(TextRoutes):
             content.append({"type": "thinking", "thinking": thought, "signature": _signature(thought)})
         if len(ids) > r:
             content.append({"type": "text", "text": "".join(map(render, ids[r:]))})
-        doc = self._message(job, content, len(ids), f"msg_{uuid.uuid4().hex}", "max_tokens")
-        payload = json.dumps(doc, separators=(",", ":")).encode()
-        return web.Response(body=payload, content_type="application/json",
-                            headers={"Server-Timing": self.whole_timing(job, time.perf_counter_ns() - started)})
+        return self._message(job, content, len(ids), f"msg_{uuid.uuid4().hex}", "max_tokens")
 
     async def stream(self, request: web.Request, job: Job) -> web.StreamResponse:
         r = job.request.reasoning

@@ -35,9 +35,8 @@ from typing import Any
 
 from aiohttp import web
 
-from reference_server.text_api import (STATUS_CLIENT_GONE, ApiError, Job, TextRequest, TextRoutes, chat_prompt,
-                                       check_context, encode, is_int, max_tokens_of, object_body, reasoning_of, render,
-                                       stream_flag)
+from reference_server.text_api import (ApiError, Job, TextRequest, TextRoutes, chat_prompt, check_context, encode,
+                                       is_int, max_tokens_of, object_body, reasoning_of, render, stream_flag)
 
 
 # --- request parsing -----------------------------------------------------------------------------------
@@ -175,17 +174,10 @@ class OpenAIRoutes(TextRoutes):
         return TextRequest(model, prompt, max_tokens, reasoning, stream,
                            {"chat": chat, "include_usage": bool(options.get("include_usage"))})
 
-    async def complete(self, request: web.Request, job: Job) -> web.StreamResponse:
-        ids = await self.collect(request, job)
-        if ids is None:
-            return web.Response(status=STATUS_CLIENT_GONE)
-        started = time.perf_counter_ns()
+    def answer(self, job: Job, ids: list[int]) -> dict[str, Any]:
         r = job.request.reasoning
-        answer = _Answer(self.chat, job.request.model).complete("".join(map(render, ids[r:])), _usage(job, len(ids)),
-                                                                "".join(map(render, ids[:r])))
-        payload = json.dumps(answer, separators=(",", ":")).encode()
-        return web.Response(body=payload, content_type="application/json",
-                            headers={"Server-Timing": self.whole_timing(job, time.perf_counter_ns() - started)})
+        return _Answer(self.chat, job.request.model).complete("".join(map(render, ids[r:])), _usage(job, len(ids)),
+                                                              "".join(map(render, ids[:r])))
 
     async def stream(self, request: web.Request, job: Job) -> web.StreamResponse:
         answer = _Answer(self.chat, job.request.model)

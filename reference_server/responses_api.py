@@ -40,9 +40,8 @@ from typing import Any
 
 from aiohttp import web
 
-from reference_server.text_api import (STATUS_CLIENT_GONE, ApiError, Job, TextRequest, TextRoutes, chat_prompt,
-                                       check_context, encode, max_tokens_of, object_body, reasoning_of, render,
-                                       stream_flag)
+from reference_server.text_api import (ApiError, Job, TextRequest, TextRoutes, chat_prompt, check_context, encode,
+                                       max_tokens_of, object_body, reasoning_of, render, stream_flag)
 
 STORED_RESPONSES = 1024
 STORED_CHARS = 64 * 2**20
@@ -192,11 +191,7 @@ class ResponsesRoutes(TextRoutes):
 
     # --- serving ---
 
-    async def complete(self, request: web.Request, job: Job) -> web.StreamResponse:
-        ids = await self.collect(request, job)
-        if ids is None:
-            return web.Response(status=STATUS_CLIENT_GONE)
-        started = time.perf_counter_ns()
+    def answer(self, job: Job, ids: list[int]) -> dict[str, Any]:
         r, n = job.request.reasoning, len(ids)
         reasoning = "".join(map(render, ids[:r])) if r else None
         text = "".join(map(render, ids[r:])) if n > r else None
@@ -204,9 +199,7 @@ class ResponsesRoutes(TextRoutes):
         doc = self._response(job, response_id, int(time.time()), self._output(reasoning, text, (_id("rs"), _id("msg"))),
                              self._usage(job, n), "completed")
         self._remember(job, response_id, text or "")
-        payload = json.dumps(doc, separators=(",", ":")).encode()
-        return web.Response(body=payload, content_type="application/json",
-                            headers={"Server-Timing": self.whole_timing(job, time.perf_counter_ns() - started)})
+        return doc
 
     async def stream(self, request: web.Request, job: Job) -> web.StreamResponse:
         response_id, created = _id("resp"), int(time.time())

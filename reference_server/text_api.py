@@ -14,9 +14,10 @@ Responses) and messages_api.py (Anthropic's Messages), all over the one decoder 
   `{"error": {"message", "type", "param", "code"}}`, a front end may render it in its own (Anthropic's).
 - **Serving one request** (`TextRoutes.handle`): read the body (bounded: 413 past `--max-body-bytes`), parse
   it (the front end's `parse`, into a `TextRequest`), submit it (429 + Retry-After when the queue is full),
-  then the front end's `complete` or `stream`; the helpers `collect` and `stream_tokens` read the tokens,
-  drop the sequence when the client goes away and end a stream with the API's error event when the model
-  fails after the headers went out. Server-Timing as openai_api.py describes it.
+  then a whole answer (`complete`: every token, then the front end's `answer` document as JSON) or the front
+  end's `stream`; the helpers `collect` and `stream_tokens` read the tokens, drop the sequence when the client
+  goes away and end a stream with the API's error event when the model fails after the headers went out.
+  Server-Timing as openai_api.py describes it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import json
 import re
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Callable
 
 from aiohttp import web
@@ -201,26 +202,27 @@ class Job:
     deser_ns: int
 
 
+@dataclass(eq=False)
 class TextRoutes:
-    """The skeleton of a generation front end: subclasses set `api` (the metrics label), `parse`, `complete`,
+    """The skeleton of a generation front end: subclasses set `api` (the metrics label), `parse`, `answer`,
     `stream`, and may override `error_response` (their error shape)."""
 
-    api = ""
+    api = ""  # a class attribute, not a field
 
-    def __init__(self, generator: Generator, models: TextModels, metrics: Metrics, *, max_body_bytes: int,
-                 max_tokens_limit: int, reasoning_tokens: int, replica_id: str) -> None:
-        self.generator = generator
-        self.models = models
-        self.metrics = metrics
-        self.max_body_bytes = max_body_bytes
-        self.max_tokens_limit = max_tokens_limit
-        self.reasoning_tokens = reasoning_tokens
-        self.replica_id = replica_id
+    generator: Generator
+    models: TextModels
+    metrics: Metrics
+    _: KW_ONLY
+    max_body_bytes: int
+    max_tokens_limit: int
+    reasoning_tokens: int
+    replica_id: str
 
     def parse(self, body: Any) -> TextRequest:
         raise NotImplementedError
 
-    async def complete(self, request: web.Request, job: Job) -> web.StreamResponse:
+    def answer(self, job: Job, ids: list[int]) -> dict[str, Any]:
+        """The whole answer's document (sent as JSON) for the token ids `ids` of `job`."""
         raise NotImplementedError
 
     async def stream(self, request: web.Request, job: Job) -> web.StreamResponse:
@@ -274,10 +276,18 @@ class TextRoutes:
                 return None
         return ids
 
-    def whole_timing(self, job: Job, ser_ns: int) -> str:
+    async def complete(self, request: web.Request, job: Job) -> web.StreamResponse:
+        """A whole answer: every token, then `answer` as JSON, with Server-Timing deser, queue, prefill, decode and
+        ser (building and encoding the answer); 499 when the client went away meanwhile."""
+        ids = await self.collect(request, job)
+        if ids is None:
+            return web.Response(status=STATUS_CLIENT_GONE)
+        started = time.perf_counter_ns()
+        payload = json.dumps(self.answer(job, ids), separators=(",", ":")).encode()
         g = job.generation
-        return timing(g.cached_tokens, deser=job.deser_ns, queue=g.queue_ns, prefill=g.prefill_ns, decode=g.decode_ns,
-                      ser=ser_ns)
+        server_timing = timing(g.cached_tokens, deser=job.deser_ns, queue=g.queue_ns, prefill=g.prefill_ns,
+                               decode=g.decode_ns, ser=time.perf_counter_ns() - started)
+        return web.Response(body=payload, content_type="application/json", headers={"Server-Timing": server_timing})
 
     async def stream_tokens(self, request: web.Request, job: Job, *, content_type: str, opening: bytes,
                             piece: Callable[[int, int], bytes], closing: Callable[[int], bytes],

@@ -109,25 +109,28 @@ def test_reasoning_chat_times_the_answer_after_the_reasoning(tmp_path):
     assert tokens["think"]["output_tokens"] == 80 * done["think"] and tokens["quick"]["output_tokens"] == 32 * done["quick"]
 
 
-def test_responses_streams_reasoning_then_the_answer_with_usage(tmp_path):
-    s = _run("responses", tmp_path, "phases.0.duration=1s", "phases.1.duration=5s", "phases.1.arrival.rate=3", "slos=[]")
-    done = _all_completed(s, ask=10)["ask"]  # the seeded plan: 13
+def _reasons_then_answers(name: str, tmp_path) -> tuple[dict, int]:
+    """Scenario `name`'s `ask` class, 5 s at 3/s: at least 10 streams done, every one with the usage's 48
+    output tokens, 16 of them reasoning, timed: its first output token more than 15 gaps after its first
+    token. The summary's metrics and how many were done."""
+    s = _run(name, tmp_path, "phases.0.duration=1s", "phases.1.duration=5s", "phases.1.arrival.rate=3", "slos=[]")
+    done = _all_completed(s, ask=10)["ask"]
     t = s["tokens"]["ask"]
-    assert t["output_count_source"] == "usage" and t["output_tokens"] == 48 * done and t["reasoning_tokens"] == 16 * done
-    m = s["metrics"]
-    assert m["ttft"]["ask"]["count"] == m["ttfot"]["ask"]["count"] == m["reasoning_time"]["ask"]["count"] == done
-    assert m["ttfot"]["ask"]["min_ms"] > m["ttft"]["ask"]["min_ms"] + 15 * m["itl"]["ask"]["min_ms"]
-
-
-def test_messages_streams_thinking_then_text(tmp_path):
-    s = _run("messages", tmp_path, "phases.0.duration=1s", "phases.1.duration=5s", "phases.1.arrival.rate=3", "slos=[]")
-    done = _all_completed(s, ask=10)["ask"]  # the seeded plan: 12
-    t = s["tokens"]["ask"]
-    # the API says no reasoning count: the 16 thinking_delta chunks are counted
     assert t["output_count_source"] == "usage" and t["output_tokens"] == 48 * done and t["reasoning_tokens"] == 16 * done
     m = s["metrics"]
     assert m["reasoning_time"]["ask"]["count"] == done
     assert m["ttfot"]["ask"]["min_ms"] > m["ttft"]["ask"]["min_ms"] + 15 * m["itl"]["ask"]["min_ms"]
+    return m, done
+
+
+def test_responses_streams_reasoning_then_the_answer_with_usage(tmp_path):
+    m, done = _reasons_then_answers("responses", tmp_path)  # the seeded plan: 13 done
+    assert m["ttft"]["ask"]["count"] == m["ttfot"]["ask"]["count"] == done
+
+
+def test_messages_streams_thinking_then_text(tmp_path):
+    # The API says no reasoning count: the 16 thinking_delta chunks are counted.
+    _reasons_then_answers("messages", tmp_path)  # the seeded plan: 12 done
 
 
 def test_embeddings_sends_batches_and_counts_inputs(tmp_path):

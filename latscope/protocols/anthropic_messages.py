@@ -42,7 +42,7 @@ from typing import Any
 from latscope.protocols.http import prefix_or_refusal, request_id_name, what_it_sends
 from latscope.protocols.json_text import clip, dumps, error_message
 from latscope.protocols.stream_events import (ANSWER, REASONING, TOOL, ClassRequest, EventClient, EventStream,
-                                              class_request, count)
+                                              class_request, count, output_into)
 from latscope.records import Outcome
 from latscope.scenario import Endpoint, Scenario
 
@@ -120,13 +120,7 @@ class MessagesClient(EventClient):
             outcome.prompt_tokens, outcome.prompt_from_usage = sum(c or 0 for c in counts), True
         if counts[2] is not None:
             outcome.cached_tokens = counts[2]
-        details = usage.get("output_tokens_details")
-        if type(details) is dict and (thinking := count(details.get("thinking_tokens"))) is not None:
-            outcome.reasoning_tokens = thinking
-        if (output := count(usage.get("output_tokens"))) is not None:
-            outcome.output_tokens, outcome.tokens_from_usage = output, True
-            return True
-        return False
+        return output_into(outcome, usage, "thinking_tokens")
 
     @staticmethod
     def whole(doc: dict[str, Any]) -> tuple[str | None, dict[str, Any], str, str]:

@@ -47,9 +47,9 @@ from typing import Any
 from latscope.protocols.http import (Failure, HttpPool, Response, http_error, prefix_or_refusal, refused_outcome,
                                      refused_what, request_id_line, request_id_name, what_it_sends,
                                      with_server_headers)
-from latscope.protocols.json_text import (MAX_ERROR_BODY, clip, dumps, error_message, escaped, loads, lone_surrogate,
-                                            parse_json, tokens_text)
-from latscope.protocols.sse import SseParser
+from latscope.protocols.json_text import (clip, dumps, error_message, escaped, loads, lone_surrogate, parse_json,
+                                            tokens_text)
+from latscope.protocols.stream_sink import SseSink, failed_outcome, stream_outcome
 from latscope.records import Outcome, Request
 from latscope.scenario import Endpoint, Scenario
 from latscope.workload import Payloads
@@ -57,50 +57,17 @@ from latscope.workload import Payloads
 _pc = time.perf_counter_ns
 
 
-class _Stream:
-    """The body sink of one streamed request: SSE parsed as it arrives, tokens stamped with read times."""
+class _Stream(SseSink):
+    """The body sink of one streamed request (stream_sink.py): chat and completions chunks, tokens
+    stamped with read times, the reasoning's pieces too (carry_reasoning, workload.tokenizer)."""
 
-    __slots__ = ("parser", "token_ns", "done", "error", "usage", "decode_ns", "raw", "raw_len", "events", "text",
-                 "reasoning_chunks", "content_ns", "thought", "thought_key")
+    END = "data: [DONE]"
+    __slots__ = ("thought", "thought_key")
 
     def __init__(self, keep_text: bool = False, keep_reasoning: bool = False) -> None:
-        self.parser = SseParser()
-        self.token_ns: list[int] = []
-        self.done = False  # `data: [DONE]` seen
-        self.error: str | None = None  # first problem found in the stream (a protocol error's reason)
-        self.usage: dict | None = None
-        self.decode_ns = 0
-        self.raw: list[bytes] | None = []  # the body, kept until the first event (an error body has none)
-        self.raw_len = 0
-        self.events = 0
-        self.text: list[str] | None = [] if keep_text else None  # the answer's pieces, for a session's history
-        self.reasoning_chunks = 0  # token chunks of reasoning only
-        self.content_ns = 0  # read time of the first content chunk (0: none yet)
+        SseSink.__init__(self, keep_text)
         self.thought: list[str] | None = [] if keep_reasoning else None  # the reasoning's pieces (carry_reasoning)
         self.thought_key = "reasoning_content"  # the delta field the reasoning came in
-
-    def __call__(self, piece: bytes, read_ns: int) -> None:
-        started = _pc()
-        raw = self.raw
-        if raw is not None and self.raw_len < MAX_ERROR_BODY:
-            raw.append(piece)
-            self.raw_len += len(piece)
-        if self.error is None and not self.done:
-            events = self.parser.feed(piece)
-            if events:
-                self.raw = None
-                self._events(events, read_ns)
-        self.decode_ns += _pc() - started
-
-    def finish(self, end_ns: int) -> None:
-        """The body ended (its last byte read at `end_ns`): take an unterminated last event too."""
-        if self.error is None and not self.done:
-            started = _pc()
-            events = self.parser.finish()
-            if events:
-                self.raw = None
-                self._events(events, end_ns)
-            self.decode_ns += _pc() - started
 
     def _events(self, events: list[tuple[bytes, bytes]], read_ns: int) -> None:
         for kind, data in events:
@@ -151,9 +118,6 @@ class _Stream:
             usage = chunk.get("usage")
             if usage and type(usage) is dict:
                 self.usage = usage
-
-    def body(self) -> bytes:
-        return b"".join(self.raw) if self.raw else b""
 
 
 def _usage_into(outcome: Outcome, usage: Any) -> bool:
@@ -331,17 +295,7 @@ class OpenAIClient:
         try:
             response = await self._pool.request(data, keep_body=stream is None, sink=stream)
         except Failure as failure:
-            outcome = Outcome(sent, _pc(), error=failure.kind, reason=failure.reason, bytes_out=body_len,
-                              encode_ns=encode_ns)
-            if stream is not None:
-                outcome.token_ns, outcome.decode_ns = stream.token_ns, stream.decode_ns
-                tokens = len(stream.token_ns)
-                if failure.kind == "connect" and (stream.events or stream.raw_len):  # the response had started
-                    outcome.error = "protocol"
-                    outcome.reason = f"stream truncated after {tokens_text(tokens)}: {failure.reason}"
-                elif failure.kind == "timeout" and (stream.events or stream.raw_len):
-                    outcome.reason = f"{failure.reason} (stream cut after {tokens_text(tokens)})"
-            return outcome
+            return failed_outcome(failure, sent, body_len, encode_ns, stream)
         outcome = Outcome(sent, response.end_ns, status=response.status, bytes_out=body_len,
                           bytes_in=response.body_len, encode_ns=encode_ns)
         with_server_headers(outcome, response)
@@ -363,35 +317,8 @@ class OpenAIClient:
 
     @staticmethod
     def _streamed(outcome: Outcome, response: Response, stream: _Stream) -> Outcome:
-        if response.status >= 400:
-            outcome.decode_ns = stream.decode_ns
-            return http_error(outcome, response, stream.body())
-        stream.finish(response.end_ns)
-        outcome.token_ns, outcome.decode_ns = stream.token_ns, stream.decode_ns
-        outcome.reasoning_chunks, outcome.content_ns = stream.reasoning_chunks, stream.content_ns
-        tokens = len(stream.token_ns)
-        content_type = response.headers.get("content-type", "")
-        if content_type and not content_type.lower().startswith("text/event-stream"):
-            detail = ""
-            if stream.raw:  # e.g. a JSON answer that ignored "stream": true, or a JSON error with 200
-                try:
-                    doc = loads(stream.body())
-                    if isinstance(doc, dict) and doc.get("error"):
-                        detail = f": {error_message(doc['error'])}"
-                except (ValueError, RecursionError):
-                    pass
-            outcome.error = "protocol"
-            outcome.reason = (f"stream asked for, got Content-Type {clip(content_type, 80)} instead of "
-                              f"text/event-stream{detail}")
-        elif stream.error is not None:
-            outcome.error, outcome.reason = "protocol", stream.error
-        elif not stream.done:
-            outcome.error = "protocol"
-            outcome.reason = f"stream ended without data: [DONE] after {tokens_text(tokens)}"
-            if not stream.events and stream.raw:  # no event at all: say what the body was
-                outcome.reason += f"; the body: {clip(stream.body())}"
-        if not _usage_into(outcome, stream.usage):
-            outcome.output_tokens = tokens
+        if stream_outcome(outcome, response, stream) and not _usage_into(outcome, stream.usage):
+            outcome.output_tokens = len(stream.token_ns)
         return outcome
 
     @staticmethod

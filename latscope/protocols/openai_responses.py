@@ -38,7 +38,7 @@ from typing import Any
 from latscope.protocols.http import prefix_or_refusal, request_id_name, what_it_sends
 from latscope.protocols.json_text import clip, dumps, error_message
 from latscope.protocols.stream_events import (ANSWER, REASONING, TOOL, ClassRequest, EventClient, EventStream,
-                                              class_request, count)
+                                              class_request, count, output_into)
 from latscope.records import Outcome
 from latscope.scenario import Scenario
 
@@ -101,13 +101,7 @@ class ResponsesClient(EventClient):
         details = usage.get("input_tokens_details")
         if type(details) is dict and (cached := count(details.get("cached_tokens"))) is not None:
             outcome.cached_tokens = cached
-        details = usage.get("output_tokens_details")
-        if type(details) is dict and (reasoning := count(details.get("reasoning_tokens"))) is not None:
-            outcome.reasoning_tokens = reasoning
-        if (output := count(usage.get("output_tokens"))) is not None:
-            outcome.output_tokens, outcome.tokens_from_usage = output, True
-            return True
-        return False
+        return output_into(outcome, usage, "reasoning_tokens")
 
     @staticmethod
     def whole(doc: dict[str, Any]) -> tuple[str | None, dict[str, Any], str, str]:

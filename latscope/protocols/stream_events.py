@@ -5,7 +5,7 @@ take a conversation as a list of `{"role", "content"}` messages plus a top-level
 module says only what differs: the body's field names, which events carry which text, the usage.
 
 Per stream (`EventStream`, the body sink of one request, parsed as the pieces arrive in the
-connection's read callback, as openai.py does):
+connection's read callback, as openai.py does; what the two share is stream_sink.py's):
 
 - each event's type is its data's `type` field, else its SSE `event:` name; its data must be a JSON
   object. The protocol's `on_event` sees every event and calls `token(read_ns, text, kind)` for each
@@ -49,9 +49,8 @@ from typing import Any, ClassVar
 
 from latscope.protocols.http import (Failure, HttpPool, Response, http_error, refused_outcome, refused_what,
                                      request_id_line, with_server_headers)
-from latscope.protocols.json_text import (MAX_ERROR_BODY, clip, dumps, error_message, loads, lone_surrogate,
-                                       parse_json, tokens_text)
-from latscope.protocols.sse import SseParser
+from latscope.protocols.json_text import clip, dumps, error_message, loads, lone_surrogate, parse_json, tokens_text
+from latscope.protocols.stream_sink import SseSink, failed_outcome, stream_outcome
 from latscope.records import Outcome, Request
 from latscope.scenario import Scenario
 from latscope.workload import Payloads
@@ -60,51 +59,16 @@ _pc = time.perf_counter_ns
 ANSWER, TOOL, REASONING = 0, 1, 2  # what a token chunk carries (EventStream.token)
 
 
-class EventStream:
-    """The body sink of one streamed request (the module docstring); a protocol subclasses it with its
-    `on_event` and END (its end event's type, named in the reason of a stream that lacks it)."""
+class EventStream(SseSink):
+    """The body sink of one streamed request (the module docstring; stream_sink.py); a protocol subclasses
+    it with its `on_event` and END (its end event's type, named in the reason of a stream that lacks it)."""
 
-    END: ClassVar[str] = ""
-    __slots__ = ("parser", "token_ns", "reasoning_chunks", "content_ns", "done", "error", "usage", "decode_ns", "raw",
-                 "raw_len", "events", "text", "rest")
+    __slots__ = ("rest",)
 
     def __init__(self, keep_text: bool = False, keep_rest: bool = False) -> None:
-        self.parser = SseParser()
-        self.token_ns: list[int] = []
-        self.reasoning_chunks = 0  # token chunks of reasoning, not of the answer
-        self.content_ns = 0  # read time of the first content chunk (0: none yet)
-        self.done = False  # the end event came
-        self.error: str | None = None  # the first problem found (a protocol error's reason)
+        SseSink.__init__(self, keep_text)
         self.usage: dict[str, Any] = {}  # the usage the events gave, merged (the protocol's own fields)
-        self.decode_ns = 0
-        self.raw: list[bytes] | None = []  # the body, kept until the first event (an error body has none)
-        self.raw_len = 0
-        self.events = 0
-        self.text: list[str] | None = [] if keep_text else None  # the answer's pieces, for a session's history
         self.rest: list[str] | None = [] if keep_rest else None  # the reasoning's and tool inputs' (to count them)
-
-    def __call__(self, piece: bytes, read_ns: int) -> None:
-        started = _pc()
-        raw = self.raw
-        if raw is not None and self.raw_len < MAX_ERROR_BODY:
-            raw.append(piece)
-            self.raw_len += len(piece)
-        if self.error is None and not self.done:
-            events = self.parser.feed(piece)
-            if events:
-                self.raw = None
-                self._events(events, read_ns)
-        self.decode_ns += _pc() - started
-
-    def finish(self, end_ns: int) -> None:
-        """The body ended (its last byte read at `end_ns`): take an unterminated last event too."""
-        if self.error is None and not self.done:
-            started = _pc()
-            events = self.parser.finish()
-            if events:
-                self.raw = None
-                self._events(events, end_ns)
-            self.decode_ns += _pc() - started
 
     def _events(self, events: list[tuple[bytes, bytes]], read_ns: int) -> None:
         for kind, data in events:
@@ -153,13 +117,22 @@ class EventStream:
         """The server said the answer failed (`what`: "error event", ...), with its message."""
         self.error = f"{what} after {tokens_text(len(self.token_ns))}: {error_message(error)}"
 
-    def body(self) -> bytes:
-        return b"".join(self.raw) if self.raw else b""
-
 
 def count(value: Any) -> int | None:
     """A usage count: an integer >= 0, else None."""
     return value if type(value) is int and value >= 0 else None
+
+
+def output_into(outcome: Outcome, usage: dict[str, Any], reasoning: str) -> bool:
+    """A usage's output counts into `outcome`: `output_tokens` (output_tokens, tokens_from_usage) and the
+    reasoning tokens among them (`output_tokens_details.<reasoning>`); False when it says no output count."""
+    details = usage.get("output_tokens_details")
+    if type(details) is dict and (thinking := count(details.get(reasoning))) is not None:
+        outcome.reasoning_tokens = thinking
+    if (output := count(usage.get("output_tokens"))) is not None:
+        outcome.output_tokens, outcome.tokens_from_usage = output, True
+        return True
+    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,16 +286,9 @@ class EventClient:
         try:
             response = await self._pool.request(data, keep_body=stream is None, sink=stream)
         except Failure as failure:
-            outcome = Outcome(sent, _pc(), error=failure.kind, reason=failure.reason, bytes_out=body_len,
-                              encode_ns=encode_ns)
+            outcome = failed_outcome(failure, sent, body_len, encode_ns, stream)
             if stream is not None:
-                _stream_fields(outcome, stream)
-                tokens = len(stream.token_ns)
-                if failure.kind == "connect" and (stream.events or stream.raw_len):  # the response had started
-                    outcome.error = "protocol"
-                    outcome.reason = f"stream truncated after {tokens_text(tokens)}: {failure.reason}"
-                elif failure.kind == "timeout" and (stream.events or stream.raw_len):
-                    outcome.reason = f"{failure.reason} (stream cut after {tokens_text(tokens)})"
+                outcome.reasoning_chunks, outcome.content_ns = stream.reasoning_chunks, stream.content_ns
             return outcome
         outcome = Outcome(sent, response.end_ns, status=response.status, bytes_out=body_len,
                           bytes_in=response.body_len, encode_ns=encode_ns)
@@ -341,35 +307,8 @@ class EventClient:
         return outcome
 
     def _streamed(self, outcome: Outcome, response: Response, stream: EventStream) -> None:
-        if response.status >= 400:
-            outcome.decode_ns = stream.decode_ns
-            http_error(outcome, response, stream.body())
-            return
-        stream.finish(response.end_ns)
-        _stream_fields(outcome, stream)
-        tokens = len(stream.token_ns)
-        content_type = response.headers.get("content-type", "")
-        if content_type and not content_type.lower().startswith("text/event-stream"):
-            detail = ""
-            if stream.raw:  # e.g. a JSON answer that ignored "stream": true, or a JSON error with 200
-                try:
-                    doc = loads(stream.body())
-                    if isinstance(doc, dict) and doc.get("error"):
-                        detail = f": {error_message(doc['error'])}"
-                except (ValueError, RecursionError):
-                    pass
-            outcome.error = "protocol"
-            outcome.reason = (f"stream asked for, got Content-Type {clip(content_type, 80)} instead of "
-                              f"text/event-stream{detail}")
-        elif stream.error is not None:
-            outcome.error, outcome.reason = "protocol", stream.error
-        elif not stream.done:
-            outcome.error = "protocol"
-            outcome.reason = f"stream ended without {stream.END} after {tokens_text(tokens)}"
-            if not stream.events and stream.raw:  # no event at all: say what the body was
-                outcome.reason += f"; the body: {clip(stream.body())}"
-        if not self.usage_into(outcome, stream.usage):
-            outcome.output_tokens = tokens
+        if stream_outcome(outcome, response, stream) and not self.usage_into(outcome, stream.usage):
+            outcome.output_tokens = len(stream.token_ns)
 
     def _whole(self, outcome: Outcome, response: Response) -> tuple[str, str]:
         """A whole (not streamed) answer's outcome; returns its text (for a session's history) and the rest
@@ -393,9 +332,3 @@ class EventClient:
             return "", ""
         self.usage_into(outcome, usage)
         return text, rest
-
-
-def _stream_fields(outcome: Outcome, stream: EventStream) -> None:
-    outcome.token_ns, outcome.decode_ns = stream.token_ns, stream.decode_ns
-    outcome.reasoning_chunks, outcome.content_ns = stream.reasoning_chunks, stream.content_ns
-

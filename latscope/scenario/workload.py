@@ -87,6 +87,16 @@ def _length(value: Any) -> Any:
 Length = Annotated[LengthDist, BeforeValidator(_length)]
 
 
+def _at_most(dist: LengthDist | None, limit: int, what: str) -> LengthDist | None:
+    """`dist` when none of its values can pass `limit` (an empirical one is cut to it where it is drawn); else
+    ValueError: `what` (like "sessions have at most 64 turns"), then a max of at most `limit` to give instead."""
+    if dist is not None and dist.dist != "empirical":
+        top = dist.max if dist.dist != "fixed" else dist.value
+        if top is None or top > limit:
+            raise ValueError(f"{what}: give a max of at most {limit:,}")
+    return dist
+
+
 def encoded_body(body: Any) -> bytes:
     """A body as the http client sends it: a mapping or list as compact JSON, anything else as its
     text (the one place that says so: the client sends it, check_sizes bounds it)."""
@@ -232,11 +242,7 @@ class Session(Model):
     @field_validator("turns")
     @classmethod
     def _turns_bounded(cls, turns: LengthDist | None) -> LengthDist | None:
-        if turns is not None and turns.dist != "empirical":
-            top = turns.max if turns.dist != "fixed" else turns.value
-            if top is None or top > MAX_TURNS:
-                raise ValueError(f"sessions have at most {MAX_TURNS} turns: give a max of at most {MAX_TURNS}")
-        return turns
+        return _at_most(turns, MAX_TURNS, f"sessions have at most {MAX_TURNS} turns")
 
     @field_validator("think_time")
     @classmethod
@@ -339,11 +345,7 @@ class WorkloadClass(Model):
     @field_validator("batch")
     @classmethod
     def _batch_bounded(cls, batch: LengthDist | None) -> LengthDist | None:
-        if batch is not None and batch.dist != "empirical":
-            top = batch.max if batch.dist != "fixed" else batch.value
-            if top is None or top > MAX_BATCH:
-                raise ValueError(f"a request carries at most {MAX_BATCH:,} items: give a max of at most {MAX_BATCH:,}")
-        return batch
+        return _at_most(batch, MAX_BATCH, f"a request carries at most {MAX_BATCH:,} items")
 
     @model_validator(mode="after")
     def _one_prompt_source(self) -> WorkloadClass:

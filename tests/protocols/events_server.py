@@ -124,13 +124,21 @@ def make_events_app(log: list[dict], *, ttft_ms: float = 20, gap_ms: float = 10,
     return app
 
 
-async def _tokens(out: _Answer, events: list[tuple[str, bytes]], ttft_ms: float, gap_ms: float) -> None:
-    """Token events at ttft, then one every gap_ms, each in a write of its own."""
+async def _tokens(out: _Answer, events: list[tuple[str, bytes]], ttft_ms: float, gap_ms: float, model: str,
+                  broken: dict[str, bytes], thoughts: int) -> bool:
+    """Token events at ttft, then one every gap_ms, each in a write of its own. A `model` of `broken`
+    writes its broken event in place of every event after the first content token, `truncate` stops after
+    2 tokens: True when the answer ends so (no end events to write)."""
+    if model in broken:
+        events[thoughts + 1:] = [("broken", broken[model])]
+    if model == "truncate":
+        events = events[:2]
     await asyncio.sleep(ttft_ms / 1000)
     for i, (kind, data) in enumerate(events):
         if i:
             await asyncio.sleep(gap_ms / 1000)
         await out.write(data, kind)
+    return model in broken or model == "truncate"
 
 
 # --- OpenAI Responses -------------------------------------------------------------------------------------
@@ -188,12 +196,7 @@ async def _responses_stream(out: _Answer, model: str, n: int, answer: list[str],
                                       "param": None, "sequence_number": 99}),
               "failed": _sse("response.failed", {"type": "response.failed", "response": _response(
                   n, "failed", [], None, {"code": "server_error", "message": "the model crashed"})})}
-    if model in broken:
-        tokens[thoughts + 1:] = [("broken", broken[model])]
-    if model == "truncate":
-        tokens = tokens[:2]
-    await _tokens(out, tokens, ttft_ms, gap_ms)
-    if model in broken or model == "truncate":
+    if await _tokens(out, tokens, ttft_ms, gap_ms, model, broken, thoughts):
         return
     items, end = [], b""
     if thoughts:
@@ -266,12 +269,7 @@ async def _messages_stream(out: _Answer, model: str, n: int, answer: list[str], 
               "bad-end": ev("content_block_delta", index=1, delta={"type": "text_delta", "text": None}),
               "error": ev("error", error={"type": "overloaded_error", "message": "Overloaded"}),
               "failed": ev("message_start", message=None)}
-    if model in broken:
-        tokens[thoughts + 1:] = [("broken", broken[model])]
-    if model == "truncate":
-        tokens = tokens[:2]
-    await _tokens(out, tokens, ttft_ms, gap_ms)
-    if model in broken or model == "truncate":
+    if await _tokens(out, tokens, ttft_ms, gap_ms, model, broken, thoughts):
         return
     usage = {k: v for k, v in _messages_usage(prompt, thoughts + len(answer), thinking).items() if "input" not in k}
     end = (ev("content_block_stop", index=1) if text else b"") + ev(
@@ -294,10 +292,12 @@ def _messages_whole(model: str, n: int, answer: list[str], thoughts: int, prompt
             "stop_reason": "max_tokens", "stop_sequence": None, **(usage if model != "no-usage" else {})}
 
 
-# --- what both clients' tests share -----------------------------------------------------------------------
+# --- what both clients' tests share (send, request, v1_app, batch_scenario: the other protocols' too) ---
 # (latscope is imported inside: the server, run as a process by benchmarks/wire_truth.py, needs aiohttp alone)
 
 MS = 1_000_000
+OPTIONS = {"openai-responses": "openai", "anthropic-messages": "anthropic"}  # a class's options of each protocol
+PHASE = {"name": "p", "duration": 1, "arrival": {"type": "constant", "rate": 1}}
 DELIVERY_MS = 1.0  # the promise: each token stamped within 1 ms of the server's write (loopback delivery)
 
 
@@ -308,8 +308,21 @@ def scenario(url: str, protocol: str, classes: list[dict], workload: dict | None
         "name": protocol, "seed": 3,
         "target": {"url": url, "protocol": protocol, "model": "m", "timeout": 5, **target},
         "workload": {"classes": classes, **(workload or {})},
-        "phases": [{"name": "p", "duration": 1, "arrival": {"type": "constant", "rate": 1}}],
+        "phases": [PHASE],
     })
+
+
+def batch_scenario(name: str, seed: int, target: dict, classes: list[dict], tmp_path: Any = None,
+                   phases: list[dict] | None = None) -> Any:
+    """The embeddings and rerank tests' scenario: no prompt salt, `phases` (PHASE alone unless given), its
+    results under tmp_path/results when tmp_path is given."""
+    from latscope.scenario import scenario_from_dict
+
+    data = {"name": name, "seed": seed, "prompt_salt": "none", "target": target, "workload": {"classes": classes},
+            "phases": phases or [PHASE]}
+    if tmp_path is not None:
+        data["output"] = {"dir": str(tmp_path / "results")}
+    return scenario_from_dict(data)
 
 
 def send(scn: Any, requests: list[Any]) -> list[Any]:
@@ -329,10 +342,171 @@ def send(scn: Any, requests: list[Any]) -> list[Any]:
     return uvloop.run(main())
 
 
-def request(seq: int, cls: int = 0, prompt_tokens: int = 6, output_tokens: int = 5, **fields: Any) -> Any:
+def request(seq: int, cls: int = 0, prompt_tokens: int = 6, output_tokens: int = 5, item: int | None = None,
+            **fields: Any) -> Any:
+    """A latscope Request planned now, of pool item `item` (its seq unless given)."""
     from latscope.records import Request
 
-    return Request(seq, time.perf_counter_ns(), cls, False, prompt_tokens, output_tokens, seq, **fields)
+    return Request(seq, time.perf_counter_ns(), cls, False, prompt_tokens, output_tokens,
+                   seq if item is None else item, **fields)
+
+
+def v1_app(handle: Any) -> web.Application:
+    """An app that answers every POST under /v1/ with `handle`."""
+    app = web.Application()
+    app.router.add_post("/v1/{tail:.*}", handle)
+    return app
+
+
+def requests_seen(protocol: str, classes: list[dict], requests: list[Any], **target: Any) -> list[dict]:
+    """What a fresh events server (answers 1 ms after the request and 1 ms apart) logged of `requests`
+    sent as `classes` (the scenario's target `target` besides)."""
+    from conftest import serve
+
+    log: list[dict] = []
+    with serve(make_events_app(log, ttft_ms=1, gap_ms=1)) as url:
+        send(scenario(url, protocol, classes, **target), requests)
+    return log
+
+
+def one_answer(protocol: str, cls: dict, req: Any, log: list[dict] | None = None, **app: Any) -> Any:
+    """The outcome of `req` sent as the one class `cls` to a fresh events server (make_events_app's `app`
+    options; answers 1 ms after the request and 1 ms apart unless they say otherwise)."""
+    from conftest import serve
+
+    with serve(make_events_app([] if log is None else log, **{"ttft_ms": 1, "gap_ms": 1, **app})) as url:
+        (outcome,) = send(scenario(url, protocol, [cls]), [req])
+    return outcome
+
+
+def check_stamped_stream(protocol: str, options: dict | None = None) -> None:
+    """3 reasoning deltas then 5 content deltas, the first 20 ms after the request, then one every 10 ms,
+    asked for as 6 prompt and 8 output tokens (the class's API `options` besides): each token stamped at
+    the server's write (timing_miss, within 3 tries), one event per read, the usage's counts (the output's
+    8 with its 3 reasoning tokens, the prompt's 6 words with the server's 2 cached) and the replica."""
+    from conftest import serve
+
+    log: list[dict] = []
+    with serve(make_events_app(log, ttft_ms=20, gap_ms=10, reasoning=3, content=5)) as url:
+        cls = {"name": "s", "prompt_tokens": 6, "output_tokens": 8, **({OPTIONS[protocol]: options} if options else {})}
+        scn = scenario(url, protocol, [cls])
+
+        def attempt() -> str | None:
+            log.clear()
+            (outcome,) = send(scn, [request(0, 0, 6, 8)])
+            assert outcome.error is None and outcome.status == 200, outcome.reason
+            writes = log[0]["writes"]
+            assert [kind for kind, _ in writes] == ["reasoning"] * 3 + ["content"] * 5
+            assert outcome.reasoning_chunks == 3 and outcome.content_ns == outcome.token_ns[3]
+            assert (outcome.output_tokens, outcome.tokens_from_usage, outcome.reasoning_tokens) == (8, True, 3)
+            assert (outcome.prompt_tokens, outcome.prompt_from_usage, outcome.cached_tokens) == (6, True, 2)
+            assert outcome.replica == "events-1" and outcome.decode_ns > 0 and outcome.encode_ns > 0
+            assert outcome.sent_ns < outcome.token_ns[0] and outcome.token_ns[-1] <= outcome.end_ns
+            gaps = [(b - a) / MS for a, b in zip(outcome.token_ns, outcome.token_ns[1:])]
+            assert all(g > 5 for g in gaps), gaps  # one event per read: no two stamped together
+            return timing_miss(outcome, writes)
+
+        within(3, attempt)
+
+
+R, M = "openai-responses", "anthropic-messages"
+# The broken answers (a fault of FAULTS, streamed or not): the error kind, and what each client's reason says.
+BROKEN = [
+    ("bad-json", True, "protocol", {R: "malformed SSE event after 4 tokens (not JSON): {not json",
+                                    M: "malformed SSE event after 4 tokens (not JSON): {not json"}),
+    ("not-object", True, "protocol", {R: "malformed SSE event after 4 tokens (not a JSON object): [1, 2]",
+                                      M: 'malformed SSE event after 4 tokens (not a JSON object): "x"'}),
+    ("no-type", True, "protocol", {R: 'malformed SSE event after 4 tokens (no event type): {"delta": " x"}',
+                                   M: "malformed SSE event after 4 tokens (no event type)"}),
+    ("bad-delta", True, "protocol", {R: "malformed SSE event after 4 tokens (response.output_text.delta without a text delta)",
+                                     M: "malformed SSE event after 4 tokens (content_block_delta without a delta object)"}),
+    ("bad-end", True, "protocol", {R: "malformed SSE event after 4 tokens (response.completed without a response object)",
+                                   M: "malformed SSE event after 4 tokens (text_delta without a string text)"}),
+    ("error", True, "protocol", {R: "error event after 4 tokens: The server had an error",
+                                 M: "error event after 4 tokens: Overloaded"}),
+    ("failed", True, "protocol", {R: "response failed after 4 tokens: the model crashed",
+                                  M: "malformed SSE event after 4 tokens (message_start without a message)"}),
+    ("no-end", True, "protocol", {R: "stream ended without response.completed after 8 tokens",
+                                  M: "stream ended without message_stop after 8 tokens"}),
+    ("truncate", True, "protocol", {R: "stream truncated after 2 tokens: connection lost",
+                                    M: "stream truncated after 2 tokens: connection lost"}),
+    ("json-200", True, "protocol", {R: "stream asked for, got Content-Type application/json",
+                                    M: "stream asked for, got Content-Type application/json"}),
+    ("http-400", True, "http_4xx", {R: "HTTP 400 Bad Request: max_output_tokens: too large",
+                                    M: "HTTP 400 Bad Request: max_tokens: too large"}),
+    ("http-400", False, "http_4xx", {R: "HTTP 400 Bad Request: max_output_tokens: too large",
+                                     M: "HTTP 400 Bad Request: max_tokens: too large"}),
+    ("failed", False, "protocol", {R: "response failed: the model crashed",
+                                   M: "error in the response: the model crashed"}),
+    ("bad-end", False, "protocol", {R: "response has no output list",
+                                    M: "response has no content list"}),
+]
+
+
+class AnswersAlike:
+    """The tests both typed-event clients pass alike, for a test module's subclass (TestAnswersAlike) that
+    names its PROTOCOL. (pytest parametrizes them here: this module imports no pytest.)"""
+
+    PROTOCOL: str
+
+    def pytest_generate_tests(self, metafunc: Any) -> None:
+        if "reason" in metafunc.fixturenames:
+            metafunc.parametrize("model, stream, kind, reason",
+                                 [(model, stream, kind, says[self.PROTOCOL]) for model, stream, kind, says in BROKEN])
+        else:
+            metafunc.parametrize("stream", [True, False])
+
+    def test_each_broken_answer_is_an_error_that_says_why(self, model: str, stream: bool, kind: str,
+                                                         reason: str) -> None:
+        """An error of `kind` whose reason, under 300 characters, says `reason`."""
+        outcome = one_answer(self.PROTOCOL, {"name": "c", "model": model, OPTIONS[self.PROTOCOL]: {"stream": stream}},
+                             request(0, 0, 6, 8))
+        assert outcome.error == kind and reason in outcome.reason, outcome.reason
+        assert len(outcome.reason) < 300
+
+    def test_an_empty_answer_completes_with_no_tokens(self, stream: bool) -> None:
+        """No error, 0 output tokens by the usage, no token stamps."""
+        outcome = one_answer(self.PROTOCOL, {"name": "c", "model": "empty", OPTIONS[self.PROTOCOL]: {"stream": stream}},
+                             request(0))
+        assert outcome.error is None, outcome.reason
+        assert (outcome.output_tokens, outcome.tokens_from_usage) == (0, True)
+        assert outcome.token_ns == ([] if stream else None) and outcome.content_ns == 0
+
+
+def session_of_three(protocol: str, stream: bool) -> tuple[list[dict], Any]:
+    """Three turns of one session (a 4-token shared prefix, 5-token turns asking for 5 tokens), each
+    answered with 2 reasoning and 3 content tokens, every one without an error: the server's log and the
+    session's Conversation."""
+    from latscope.records import Conversation
+
+    from conftest import serve
+
+    log: list[dict] = []
+    session = {"turns": 3, "shared_prefix": {"tokens": 4}}
+    with serve(make_events_app(log, ttft_ms=1, gap_ms=1, reasoning=2, content=3)) as url:
+        scn = scenario(url, protocol, [{"name": "c", "prompt_tokens": 5, "output_tokens": 5, "session": session,
+                                        OPTIONS[protocol]: {"stream": stream}}])
+        conv = Conversation(0, 0, True, 0, 3, 0)
+        outcomes = send(scn, [request(k - 1, 0, 5, 5, turn=k, session=conv) for k in (1, 2, 3)])
+    assert all(o.error is None for o in outcomes), [o.reason for o in outcomes]
+    return log, conv
+
+
+def check_carried(log: list[dict], prefix: str, history: str) -> tuple[list[dict], str]:
+    """session_of_three's bodies: each sends the shared prefix (4 words) as `prefix`, then in `history`
+    every earlier turn (5 words each, no two alike) and the answer the server gave to it (reasoning left
+    out), then its own text. The bodies and the prefix."""
+    bodies = [entry["body"] for entry in log]
+    shared = bodies[0][prefix]
+    assert len(shared.split()) == 4 and all(b[prefix] == shared for b in bodies)
+    users = [b[history][-1]["content"] for b in bodies]
+    assert all(len(u.split()) == 5 for u in users) and len(set(users)) == 3
+    assert bodies[2][history] == [
+        {"role": "user", "content": users[0]}, {"role": "assistant", "content": log[0]["answer"]},
+        {"role": "user", "content": users[1]}, {"role": "assistant", "content": log[1]["answer"]},
+        {"role": "user", "content": users[2]}]
+    assert bodies[1][history] == bodies[2][history][:3] and "think" not in str(bodies[2][history])
+    return bodies, shared
 
 
 def timing_miss(outcome: Any, writes: list[tuple[str, int]]) -> str | None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from events_server import MS, make_events_app, request, scenario, send, timing_miss, within
+from events_server import AnswersAlike, check_carried, check_stamped_stream, one_answer, session_of_three
+from events_server import make_events_app, request, requests_seen, scenario, send
 from latscope.records import Conversation
 
 from conftest import serve
@@ -16,16 +17,14 @@ PROTOCOL = "anthropic-messages"
 
 
 def test_request_headers_and_bodies_are_the_apis():
-    log: list[dict] = []
-    with serve(make_events_app(log, ttft_ms=1, gap_ms=1)) as url:
-        classes = [{"name": "s", "model": "claude-x", "prompt_tokens": 6, "output_tokens": 4},
-                   {"name": "w", "prompt_tokens": 7,
-                    "anthropic": {"stream": False, "max_tokens": 77, "version": "2024-01-01",
-                                  "extra_body": {"thinking": {"type": "enabled", "budget_tokens": 64}}}},
-                   {"name": "default-max", "prompt_tokens": 3},
-                   {"name": "own-headers", "headers": {"anthropic-version": "2099-01-01", "X-Api-Key": "sk-own"}}]
-        send(scenario(url, PROTOCOL, classes, api_key="sk-test"),
-             [request(0, 0, 6, 4), request(1, 1, 7, 0), request(2, 2, 3, 0), request(3, 3, 2, 2)])
+    classes = [{"name": "s", "model": "claude-x", "prompt_tokens": 6, "output_tokens": 4},
+               {"name": "w", "prompt_tokens": 7,
+                "anthropic": {"stream": False, "max_tokens": 77, "version": "2024-01-01",
+                              "extra_body": {"thinking": {"type": "enabled", "budget_tokens": 64}}}},
+               {"name": "default-max", "prompt_tokens": 3},
+               {"name": "own-headers", "headers": {"anthropic-version": "2099-01-01", "X-Api-Key": "sk-own"}}]
+    log = requests_seen(PROTOCOL, classes, [request(0, 0, 6, 4), request(1, 1, 7, 0), request(2, 2, 3, 0),
+                                            request(3, 3, 2, 2)], api_key="sk-test")
     streamed, whole, default, own = log
     assert {e["path"] for e in log} == {"/v1/messages"}
     headers = streamed["headers"]
@@ -46,35 +45,15 @@ def test_request_headers_and_bodies_are_the_apis():
 
 def test_stream_tokens_are_stamped_at_the_servers_writes_with_thinking_and_usage():
     """3 thinking deltas then 5 text deltas, the first 20 ms after the request, then one every 10 ms;
-    ping, block starts and stops, a signature delta between them: no tokens."""
-    log: list[dict] = []
-    with serve(make_events_app(log, ttft_ms=20, gap_ms=10, reasoning=3, content=5)) as url:
-        thinking = {"thinking": {"type": "enabled", "budget_tokens": 1024}}
-        scn = scenario(url, PROTOCOL, [{"name": "s", "prompt_tokens": 6, "output_tokens": 8,
-                                        "anthropic": {"extra_body": thinking}}])
-
-        def attempt() -> str | None:
-            log.clear()
-            (outcome,) = send(scn, [request(0, 0, 6, 8)])
-            assert outcome.error is None and outcome.status == 200, outcome.reason
-            writes = log[0]["writes"]
-            assert [kind for kind, _ in writes] == ["reasoning"] * 3 + ["content"] * 5
-            assert outcome.reasoning_chunks == 3 and outcome.content_ns == outcome.token_ns[3]
-            # message_delta's output count (thinking included) and its thinking count.
-            assert (outcome.output_tokens, outcome.tokens_from_usage, outcome.reasoning_tokens) == (8, True, 3)
-            # input_tokens 3 + cache_creation 1 + cache_read 2: the prompt's 6 words.
-            assert (outcome.prompt_tokens, outcome.prompt_from_usage, outcome.cached_tokens) == (6, True, 2)
-            assert outcome.replica == "events-1" and outcome.decode_ns > 0 and outcome.encode_ns > 0
-            gaps = [(b - a) / MS for a, b in zip(outcome.token_ns, outcome.token_ns[1:])]
-            assert all(g > 5 for g in gaps), gaps
-            return timing_miss(outcome, writes)
-
-        within(3, attempt)
+    ping, block starts and stops, a signature delta between them: no tokens. The output count is
+    message_delta's (thinking included) with its thinking count; the prompt's 6 words are input_tokens 3 +
+    cache_creation 1 + cache_read 2."""
+    check_stamped_stream(PROTOCOL, {"extra_body": {"thinking": {"type": "enabled", "budget_tokens": 1024}}})
 
 
 def test_whole_answer_takes_usage_and_text():
-    with serve(make_events_app([], ttft_ms=1, gap_ms=1, reasoning=2, content=3)) as url:
-        (outcome,) = send(scenario(url, PROTOCOL, [{"name": "w", "anthropic": {"stream": False}}]), [request(0, 0, 6, 5)])
+    outcome = one_answer(PROTOCOL, {"name": "w", "anthropic": {"stream": False}}, request(0, 0, 6, 5),
+                         reasoning=2, content=3)
     assert outcome.error is None and outcome.token_ns is None, outcome.reason
     # Thinking not asked for: the server says no thinking count (its thinking block is still left out of the text).
     assert (outcome.output_tokens, outcome.tokens_from_usage, outcome.reasoning_tokens) == (5, True, -1)
@@ -82,62 +61,20 @@ def test_whole_answer_takes_usage_and_text():
     assert outcome.content_ns == 0 and outcome.reasoning_chunks == 0
 
 
-@pytest.mark.parametrize("model, stream, kind, reason", [
-    ("bad-json", True, "protocol", "malformed SSE event after 4 tokens (not JSON): {not json"),
-    ("not-object", True, "protocol", 'malformed SSE event after 4 tokens (not a JSON object): "x"'),
-    ("no-type", True, "protocol", "malformed SSE event after 4 tokens (no event type)"),
-    ("bad-delta", True, "protocol", "malformed SSE event after 4 tokens (content_block_delta without a delta object)"),
-    ("bad-end", True, "protocol", "malformed SSE event after 4 tokens (text_delta without a string text)"),
-    ("failed", True, "protocol", "malformed SSE event after 4 tokens (message_start without a message)"),
-    ("error", True, "protocol", "error event after 4 tokens: Overloaded"),
-    ("no-end", True, "protocol", "stream ended without message_stop after 8 tokens"),
-    ("truncate", True, "protocol", "stream truncated after 2 tokens: connection lost"),
-    ("json-200", True, "protocol", "stream asked for, got Content-Type application/json"),
-    ("http-400", True, "http_4xx", "HTTP 400 Bad Request: max_tokens: too large"),
-    ("http-400", False, "http_4xx", "HTTP 400 Bad Request: max_tokens: too large"),
-    ("failed", False, "protocol", "error in the response: the model crashed"),
-    ("bad-end", False, "protocol", "response has no content list"),
-])
-def test_each_broken_answer_is_an_error_that_says_why(model, stream, kind, reason):
-    with serve(make_events_app([], ttft_ms=1, gap_ms=1)) as url:
-        (outcome,) = send(scenario(url, PROTOCOL, [{"name": "c", "model": model, "anthropic": {"stream": stream}}]),
-                          [request(0, 0, 6, 8)])
-    assert outcome.error == kind and reason in outcome.reason, outcome.reason
-    assert len(outcome.reason) < 300
 
 
-@pytest.mark.parametrize("stream", [True, False])
-def test_an_empty_answer_completes_with_no_tokens(stream):
-    with serve(make_events_app([], ttft_ms=1, gap_ms=1)) as url:
-        (outcome,) = send(scenario(url, PROTOCOL, [{"name": "c", "model": "empty", "anthropic": {"stream": stream}}]),
-                          [request(0)])
-    assert outcome.error is None, outcome.reason
-    assert (outcome.output_tokens, outcome.tokens_from_usage) == (0, True)
-    assert outcome.token_ns == ([] if stream else None) and outcome.content_ns == 0
+class TestAnswersAlike(AnswersAlike):
+    """Each broken answer (events_server.BROKEN) an error that says why; an empty answer completes with no tokens."""
+
+    PROTOCOL = PROTOCOL
 
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_a_session_carries_its_messages(stream):
     """Turn k sends the shared prefix as `system`, then every earlier turn and the answer the server gave
     to it (thinking left out), then its own text."""
-    log: list[dict] = []
-    session = {"turns": 3, "shared_prefix": {"tokens": 4}}
-    with serve(make_events_app(log, ttft_ms=1, gap_ms=1, reasoning=2, content=3)) as url:
-        scn = scenario(url, PROTOCOL, [{"name": "c", "prompt_tokens": 5, "output_tokens": 5, "session": session,
-                                        "anthropic": {"stream": stream}}])
-        conv = Conversation(0, 0, True, 0, 3, 0)
-        outcomes = send(scn, [request(k - 1, 0, 5, 5, turn=k, session=conv) for k in (1, 2, 3)])
-    assert all(o.error is None for o in outcomes), [o.reason for o in outcomes]
-    bodies = [entry["body"] for entry in log]
-    system = bodies[0]["system"]
-    assert len(system.split()) == 4 and all(b["system"] == system for b in bodies)
-    users = [b["messages"][-1]["content"] for b in bodies]
-    assert all(len(u.split()) == 5 for u in users) and len(set(users)) == 3
-    assert bodies[2]["messages"] == [
-        {"role": "user", "content": users[0]}, {"role": "assistant", "content": log[0]["answer"]},
-        {"role": "user", "content": users[1]}, {"role": "assistant", "content": log[1]["answer"]},
-        {"role": "user", "content": users[2]}]
-    assert bodies[1]["messages"] == bodies[2]["messages"][:3] and "think" not in str(bodies[2]["messages"])
+    log, _ = session_of_three(PROTOCOL, stream)
+    bodies, _ = check_carried(log, "system", "messages")
     assert set(bodies[2]) == {"model", "system", "messages", "max_tokens", "stream"}
 
 

@@ -5,17 +5,16 @@ error with its reason, the scenario's checks, and a short real run's inputs/s in
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
-import uvloop
 from aiohttp import web
 
+from events_server import PHASE, batch_scenario, send
+from events_server import request as planned
 from latscope.console import batch_lines
 from latscope.errors import ScenarioError
-from latscope.protocols import make_client
-from latscope.records import Outcome, Request
+from latscope.records import Request
 from latscope.run import run_scenario
 from latscope.scenario import scenario_from_dict
 from latscope.workload import VOCABULARY
@@ -23,33 +22,15 @@ from latscope.workload import VOCABULARY
 from conftest import serve
 from helpers import read_summary
 
-PHASE = {"name": "p", "duration": 1, "arrival": {"type": "constant", "rate": 1}}
-
 
 def _scenario(url: str, classes: list[dict], tmp_path: Path | None = None, phases: list[dict] | None = None,
               **target) -> object:
-    data = {"name": "embed", "seed": 5, "prompt_salt": "none",
-            "target": {"url": url, "protocol": "openai-embeddings", "model": "e5", "timeout": 5, **target},
-            "workload": {"classes": classes}, "phases": phases or [PHASE]}
-    if tmp_path is not None:
-        data["output"] = {"dir": str(tmp_path / "results")}
-    return scenario_from_dict(data)
-
-
-def _send(scenario, requests: list[Request]) -> list[Outcome]:
-    async def main() -> list[Outcome]:
-        client = make_client(scenario)
-        await client.open()
-        try:
-            return [await client.send(r) for r in requests]
-        finally:
-            await client.close()
-
-    return uvloop.run(main())
+    target = {"url": url, "protocol": "openai-embeddings", "model": "e5", "timeout": 5, **target}
+    return batch_scenario("embed", 5, target, classes, tmp_path, phases)
 
 
 def _request(seq: int, cls: int = 0, prompt_tokens: int = 6, item: int = 1000) -> Request:
-    return Request(seq, time.perf_counter_ns(), cls, False, prompt_tokens, 0, item)
+    return planned(seq, cls, prompt_tokens, 0, item=item)
 
 
 def _app(seen: list[dict]) -> web.Application:
@@ -108,7 +89,7 @@ def test_request_bodies_counts_and_usage(tmp_path):
     requests = [_request(0, 0), *(_request(1 + k, 1, 5, item=77 + k) for k in range(12)), _request(13, 1, 5, item=77),
                 _request(14, 2, 0, item=8)]
     with serve(_app(seen)) as url:
-        outcomes = _send(_scenario(url, classes, api_key="sk-embed"), requests)
+        outcomes = send(_scenario(url, classes, api_key="sk-embed"), requests)
     assert all(o.error is None for o in outcomes), [o.reason for o in outcomes]
     first = seen[0]
     assert first["path"] == "/v1/embeddings"
@@ -157,7 +138,7 @@ def test_request_bodies_counts_and_usage(tmp_path):
 ])
 def test_malformed_answers_are_errors_that_say_why(model, kind, words):
     with serve(_app([])) as url:
-        (outcome,) = _send(_scenario(url, [{"name": "c", "batch": 4, "model": model}]), [_request(0)])
+        (outcome,) = send(_scenario(url, [{"name": "c", "batch": 4, "model": model}]), [_request(0)])
     assert outcome.error == kind and words in outcome.reason, outcome.reason
     assert outcome.items == 4 and not outcome.prompt_from_usage
 
@@ -201,7 +182,7 @@ def test_a_run_reports_inputs_and_input_tokens_per_second(tmp_path):
 def test_a_bare_400_names_what_the_class_sends_beyond_the_plain_request():
     with serve(_app([])) as url:
         scenario = _scenario(url, [{"name": "c", "model": "http-400-empty", "embeddings": {"extra_body": {"dimensions": 8}}}])
-        (outcome,) = _send(scenario, [_request(0)])
+        (outcome,) = send(scenario, [_request(0)])
     assert outcome.error == "http_4xx" and outcome.reason == (
         "HTTP 400 Bad Request with an empty body; this run sends the body field dimensions (embeddings.extra_body): "
         "the server may refuse one of them"), outcome.reason
@@ -212,7 +193,7 @@ def test_a_header_that_would_inject_a_line_is_never_sent():
     with serve(_app(seen)) as url:
         scenario = _scenario(url, [{"name": "c", "batch": 2}])
         scenario.target.headers["X-Evil"] = "a\r\nX-Injected: 1"  # past the scenario's own check (from code)
-        (outcome,) = _send(scenario, [_request(0)])
+        (outcome,) = send(scenario, [_request(0)])
     assert seen == [] and outcome.error == "protocol" and outcome.reason.startswith("not sent: "), outcome.reason
 
 
@@ -234,7 +215,7 @@ def test_dataset_rows_planned_by_the_tokenizer(tmp_path):
             "workload": {"tokenizer": {"file": str(path)}, "classes": [{"name": "c", "batch": 3, "dataset": {"file": str(data)}}]},
             "phases": [PHASE]})
         request = _request(0, 0, 0, item=3)
-        (outcome,) = _send(scenario, [request])
+        (outcome,) = send(scenario, [request])
     assert outcome.error is None and seen[0]["body"]["input"] == [rows[3], rows[0], rows[1]]
     counts = Tokenizer.from_file(str(path))
     assert request.prompt_tokens == sum(len(counts.encode(r).ids) for r in (rows[3], rows[0], rows[1]))
@@ -248,7 +229,7 @@ def test_an_empirical_batch_comes_from_its_file_and_a_missing_file_is_named(tmp_
     seen: list[dict] = []
     with serve(_app(seen)) as url:
         scenario = _scenario(url, [{"name": "c", "batch": {"dist": "empirical", "file": str(sizes)}}])
-        outcomes = _send(scenario, [_request(i, item=i * 1_000_003) for i in range(12)])
+        outcomes = send(scenario, [_request(i, item=i * 1_000_003) for i in range(12)])
     assert {o.items for o in outcomes} == {3, 5} and [len(s["body"]["input"]) for s in seen] == [o.items for o in outcomes]
     missing = _scenario("http://127.0.0.1:9", [{"name": "c", "batch": {"dist": "empirical", "file": str(tmp_path / "no.txt")}}])
     with pytest.raises(ScenarioError, match=r"workload.classes\[0\].batch.file: length file .*no.txt: not found"):

@@ -17,6 +17,7 @@ import pytest
 import uvloop
 from aiohttp import web
 
+from events_server import v1_app
 from latscope.protocols import make_client
 from latscope.protocols import openai as openai_protocol
 from latscope.protocols.sse import SseParser
@@ -242,9 +243,7 @@ def _script_app(seen: list[dict], marks: dict[str, int]) -> web.Application:
         await response.write_eof()
         return response
 
-    app = web.Application()
-    app.router.add_post("/v1/{tail:.*}", handle)
-    return app
+    return v1_app(handle)
 
 
 def test_request_bodies_and_awkward_sse():

@@ -14,6 +14,7 @@ import pytest
 import uvloop
 from aiohttp import web
 
+from events_server import v1_app
 from latscope.intervals import IntervalRecorder
 from latscope.protocols import make_client
 from latscope.records import Conversation, Outcome, Request
@@ -74,9 +75,7 @@ def _app(log: list[dict]) -> web.Application:
         await response.write_eof()
         return response
 
-    app = web.Application()
-    app.router.add_post("/v1/{tail:.*}", handle)
-    return app
+    return v1_app(handle)
 
 
 def _scenario(url: str, classes: list[dict], rate: float = 1, **extra) -> object:

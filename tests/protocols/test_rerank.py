@@ -6,51 +6,32 @@ run's documents/s in summary.json."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
-import uvloop
 from aiohttp import web
 
+from events_server import batch_scenario, send
+from events_server import request as planned
 from latscope.errors import ScenarioError
-from latscope.protocols import make_client
-from latscope.records import Outcome, Request
+from latscope.records import Request
 from latscope.run import run_scenario
-from latscope.scenario import scenario_from_dict
 from latscope.workload import VOCABULARY
 
 from conftest import serve
 from helpers import read_summary
 
-PHASE = {"name": "p", "duration": 1, "arrival": {"type": "constant", "rate": 1}}
 SPECIAL = 3  # tokens a cross-encoder adds to each (query, document) pair: [CLS] q [SEP] d [SEP]
 
 
 def _scenario(url: str, classes: list[dict], tmp_path: Path | None = None, phases: list[dict] | None = None,
               **target) -> object:
-    data = {"name": "rerank", "seed": 9, "prompt_salt": "none",
-            "target": {"url": url, "protocol": "rerank", "timeout": 5, **target},
-            "workload": {"classes": classes}, "phases": phases or [PHASE]}
-    if tmp_path is not None:
-        data["output"] = {"dir": str(tmp_path / "results")}
-    return scenario_from_dict(data)
-
-
-def _send(scenario, requests: list[Request]) -> list[Outcome]:
-    async def main() -> list[Outcome]:
-        client = make_client(scenario)
-        await client.open()
-        try:
-            return [await client.send(r) for r in requests]
-        finally:
-            await client.close()
-
-    return uvloop.run(main())
+    target = {"url": url, "protocol": "rerank", "timeout": 5, **target}
+    return batch_scenario("rerank", 9, target, classes, tmp_path, phases)
 
 
 def _request(seq: int, cls: int = 0, prompt_tokens: int = 10, item: int = 500) -> Request:
-    return Request(seq, time.perf_counter_ns(), cls, False, prompt_tokens, 0, item)
+    return planned(seq, cls, prompt_tokens, 0, item=item)
 
 
 def _app(seen: list[dict]) -> web.Application:
@@ -99,7 +80,7 @@ def test_request_bodies_counts_and_usage():
                    {"name": "defaults"},
                    {"name": "tei", "path": "/rerank", "model": "ignored", "batch": 3, "rerank": {"api": "tei"}}]
         requests = [_request(0, 0), _request(1, 1, 6), _request(2, 2, 2)]
-        top, defaults, tei = _send(_scenario(url, classes, headers={"X-Tenant": "a"}), requests)
+        top, defaults, tei = send(_scenario(url, classes, headers={"X-Tenant": "a"}), requests)
     assert all(o.error is None for o in (top, defaults, tei)), [o.reason for o in (top, defaults, tei)]
     body = seen[0]["body"]
     assert seen[0]["path"] == "/v1/rerank" and seen[0]["headers"]["X-Tenant"] == "a"
@@ -135,7 +116,7 @@ def test_request_bodies_counts_and_usage():
 ])
 def test_malformed_answers_are_errors_that_say_why(model, kind, words):
     with serve(_app([])) as url:
-        (outcome,) = _send(_scenario(url, [{"name": "c", "model": model}]), [_request(0)])
+        (outcome,) = send(_scenario(url, [{"name": "c", "model": model}]), [_request(0)])
     assert outcome.error == kind and words in outcome.reason, outcome.reason
     assert outcome.items == 8
 
@@ -147,7 +128,7 @@ def test_tei_answer_that_is_an_object_is_an_error():
     app = web.Application()
     app.router.add_post("/rerank", wrong)
     with serve(app) as url:
-        (outcome,) = _send(_scenario(url, [{"name": "c", "path": "/rerank", "rerank": {"api": "tei"}}]), [_request(0)])
+        (outcome,) = send(_scenario(url, [{"name": "c", "path": "/rerank", "rerank": {"api": "tei"}}]), [_request(0)])
     assert outcome.error == "protocol" and "response has no list of scores" in outcome.reason, outcome.reason
 
 

@@ -205,7 +205,12 @@ def openai_request(draw) -> tuple[bytes, Any]:
 @FUZZ
 @given(data=st.data())
 def test_openai_completions_never_answer_5xx(server, data):
-    path, doc = data.draw(openai_request())
+    post_drawn(server, data, openai_request())
+
+
+def post_drawn(server: Server, data: st.DataObject, requests: st.SearchStrategy[tuple[bytes, Any]]) -> None:
+    """POST a (path, document) drawn from `requests`, its body encoded as drawn: never a 5xx."""
+    path, doc = data.draw(requests)
     headers, body = data.draw(encoded(dumps(doc)))
     status, answer = raw_http(server.url, b"POST", path, headers, body)
     assert_not_5xx(status, answer, (path, headers, body))
@@ -241,10 +246,7 @@ def newer_api_request(draw) -> tuple[bytes, Any]:
 @FUZZ
 @given(data=st.data())
 def test_responses_messages_embeddings_rerank_never_answer_5xx(server, data):
-    path, doc = data.draw(newer_api_request())
-    headers, body = data.draw(encoded(dumps(doc)))
-    status, answer = raw_http(server.url, b"POST", path, headers, body)
-    assert_not_5xx(status, answer, (path, headers, body))
+    post_drawn(server, data, newer_api_request())
 
 
 # --- gRPC ----------------------------------------------------------------------------------------------
