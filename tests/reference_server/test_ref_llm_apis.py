@@ -245,12 +245,13 @@ async def _stream_times(session: aiohttp.ClientSession, url: str, model: str, ma
 def test_a_factor_3_adapter_is_3_times_slower_per_token_than_the_decoder_in_the_same_batch(server):
     """The decoder and a factor-3 adapter decode together: every decode step serves both rows, and the adapter
     keeps one step in 3 (generation.py). While the decoder's stream takes 90 steps (its 2nd to 91st token), the
-    adapter's gets exactly 30 tokens, whatever the steps cost. One event loop reads both streams, so a step's two
-    tokens arrive in either order: the adapter's token of the decoder's first step may be read just after the
-    decoder's first token (inside the window: CI saw it 7 µs after), and its token of the decoder's last step just
-    after that one (outside): 29, 30 or 31 are seen in the window.
+    adapter's gets exactly 30 tokens, whatever the steps cost. But one event loop reads both streams, and a loop
+    that was held up reads what queued on each stream in a burst, in either order: tokens the adapter got before
+    the decoder's first one can be read just after it (CI saw 3 such within 10 µs, so 33 in the window), and so
+    at the window's end. The count in the window is 30 ± what a stall of the client buffered; bounded by 15..45
+    (half or 1.5 times the 30), it still tells factor 3 from factor 1 (90) and from 2 (45: the edge).
 
-    In time per token: the adapter's tokens in the window span 28 to 30 gaps of 3 steps, the decoder's 90 gaps
+    In time per token: the adapter's tokens in the window span about 29 gaps of 3 steps, the decoder's 90 gaps
     of 1 step, over nearly the same steps (both rows share every step's cost, and the client reads both streams
     on one event loop): the ratio of the mean gaps is 3 but for the <= 6 steps at the window's ends that only the
     decoder's span covers. Above 2 holds unless a pause in those steps lasts more than 45 mean steps."""
@@ -269,7 +270,7 @@ def test_a_factor_3_adapter_is_3_times_slower_per_token_than_the_decoder_in_the_
     asyncio.run(main())
     assert len(fast) == 91
     inside = [t for t in slow if fast[0] < t <= fast[-1]]
-    assert len(inside) in (29, 30, 31), (len(inside), len(fast))
+    assert 15 <= len(inside) <= 45, (len(inside), len(fast))
     adapter_gap = (inside[-1] - inside[0]) / (len(inside) - 1)
     decoder_gap = (fast[-1] - fast[0]) / 90
     assert adapter_gap > 2 * decoder_gap, (adapter_gap, decoder_gap)
