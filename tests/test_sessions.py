@@ -219,7 +219,10 @@ def test_the_reference_servers_prefix_cache_cuts_later_turns_ttft_and_its_count_
     their TTFT p50 is under half of turn 1's (prefill is most of a TTFT here, and 512 of 544 tokens
     are not computed again; the reference server measures ~8x less prefill for such a prompt), and
     the hit rate latscope reports is the server's own /metrics count. With --prefix-cache-mb 0 the
-    hit rate is 0 and later turns pay the full prefill (their TTFT p50 at least 0.7 of turn 1's)."""
+    hit rate is 0 and later turns pay the full prefill: their fastest TTFT, a request that found the
+    server idle, is at least 0.7 of turn 1's fastest (measured 0.88-1.0). Their p50s are not compared
+    there: with ~50 % of the server busy on 35 ms prefills, a p50 of 11 requests is set by which of them
+    queued behind another (CI saw turn 1 at 58 ms and later turns at 41 ms; here 45-82 ms both ways)."""
     with reference_server() as url:
         before = cache_counters(url)
         on = prefix_run(url, tmp_path / "on")
@@ -238,8 +241,8 @@ def test_the_reference_servers_prefix_cache_cuts_later_turns_ttft_and_its_count_
         off = prefix_run(url, tmp_path / "off")
     turns = off["sessions"]["chat"]["by_turn"]
     assert off["tokens"]["chat"]["prefix_cache"]["hit_rate"] == 0
-    later = [turns[k]["ttft"]["p50_ms"] for k in ("2", "3", "4")]
-    assert min(later) > 0.7 * turns["1"]["ttft"]["p50_ms"], (turns["1"]["ttft"], later)
+    later = [turns[k]["ttft"]["min_ms"] for k in ("2", "3", "4")]
+    assert min(later) > 0.7 * turns["1"]["ttft"]["min_ms"], (turns["1"]["ttft"], later)
 
 
 def test_sigterm_mid_session_leaves_every_session_counted(tmp_path):
