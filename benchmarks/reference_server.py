@@ -54,8 +54,10 @@ from common import (  # noqa: E402
     update_results_md, write_report_json,
 )
 from latscope.capacity import CapacityOptions, find_capacity  # noqa: E402
+from latscope.capacity.shape import scaled  # noqa: E402
+from latscope.plan import build_plan  # noqa: E402
 from latscope.run import run_scenario  # noqa: E402
-from latscope.scenario import scenario_from_dict  # noqa: E402
+from latscope.scenario import Scenario, scenario_from_dict  # noqa: E402
 from reference_server.model import DEFAULT_CACHE, EncoderConfig, cached_encoder  # noqa: E402
 
 SECTION_TITLE = "## reference_server (benchmarks/reference_server.py)"
@@ -144,12 +146,22 @@ def encoder_ceiling(curve: dict[int, float]) -> dict:
     return {"batch": b, "compute_ms": round(ms, 3), "rps": round(rps, 1)}
 
 
-def ideal_p99_ms(rate: float, curve: dict[int, float], max_batch: int, n: int = 100_000, seed: int = 1) -> float:
-    """p99 latency (ms) of a server with no overhead at all, under Poisson arrivals at `rate`: whenever the
-    model is free it runs every request waiting (up to `max_batch`) as one batch of c(b) ms. The first
-    tenth of the requests is left out, as a warm-up."""
-    rng = np.random.default_rng(seed)
-    arrivals = np.cumsum(rng.exponential(1 / rate, n))
+def step_arrivals(base: Scenario, rate: float, measure_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """(send offsets in s, warm-up flags) of a capacity step at `rate`: the plan `latscope capacity` sends, the
+    scenario scaled as its search scales it (same seed), so the overhead-free server below meets the very arrivals
+    the servers meet."""
+    plan = build_plan(scaled(base, rate / base_rate(base), measure_s))
+    return plan.offsets_s, plan.warmup
+
+
+def base_rate(scenario: Scenario) -> float:
+    return next(p.arrival.rate for p in scenario.phases if not p.warmup)
+
+
+def ideal_p99_ms(arrivals: np.ndarray, warmup: np.ndarray, curve: dict[int, float], max_batch: int) -> float:
+    """p99 latency (ms) over the measured requests of a server with no overhead at all: whenever the model is
+    free it runs every request waiting (up to `max_batch`) as one batch of c(b) ms."""
+    n = len(arrivals)
     done = np.empty(n)
     t, i = 0.0, 0
     while i < n:
@@ -158,17 +170,20 @@ def ideal_p99_ms(rate: float, curve: dict[int, float], max_batch: int, n: int = 
         t += curve[j - i] / 1e3
         done[i:j] = t
         i = j
-    return float(np.percentile((done - arrivals)[n // 10:], 99) * 1e3)
+    return float(np.percentile((done - arrivals)[~warmup], 99) * 1e3)
 
 
-def ideal_capacity(curve: dict[int, float], slo_ms: float, max_batch: int) -> float:
-    """The highest Poisson rate at which that overhead-free server keeps p99 <= SLO (bisection to 0.1 %):
-    what the model can serve within the SLO under the traffic the servers get. Queueing, not the server,
-    is why it sits below `ceiling`: at 80 % busy, Poisson bursts alone push a 50 ms p99 over."""
+def ideal_capacity(base: Scenario, curve: dict[int, float], slo_ms: float, max_batch: int, measure_s: float) -> float:
+    """The highest rate at which that overhead-free server keeps p99 <= SLO on a capacity step's own arrivals
+    (bisection to 0.1 %): what the model can serve within the SLO under the traffic the servers get. Queueing,
+    not the server, is why it sits below `ceiling`: at 80 % busy, Poisson bursts alone push a 50 ms p99 over.
+    It is judged on the step's p99 as measured, where `latscope capacity` asks a server for 95 % confidence:
+    the yardstick is, if anything, a little generous to the overhead-free server."""
     low, high = 1.0, 2 * 1e3 * max_batch / curve[max_batch]
     while (high - low) / low > 0.001:
         mid = (low + high) / 2
-        low, high = (mid, high) if ideal_p99_ms(mid, curve, max_batch) <= slo_ms else (low, mid)
+        ok = ideal_p99_ms(*step_arrivals(base, mid, measure_s), curve, max_batch) <= slo_ms
+        low, high = (mid, high) if ok else (low, mid)
     return round(low, 1)
 
 
@@ -224,8 +239,12 @@ def server_scenario(config: ServerUnderTest, sequence: int, rate: float, warmup_
     }
 
 
-def search_capacity(config: ServerUnderTest, sequence: int, start: float, mode: Mode, work: Path) -> dict:
-    """`latscope capacity` on this server: double from `start` until a step fails, then bisect to 5 %."""
+def search_capacity(config: ServerUnderTest, sequence: int, start: float, mode: Mode, work: Path,
+                    tries: int = 2) -> dict:
+    """`latscope capacity` on this server: double from `start` until a step fails, then bisect to 5 %. A search
+    that latscope ends with `generator_limit` (a step's send lag over its mark: on this 2-core box a moment of
+    the box's own, seen once at 100 req/s where the same step's send lag p99 is 0.4-0.7 ms otherwise) is run
+    again, once; the first one's steps stay in the record."""
     out = Path(tempfile.mkdtemp(prefix=f"capacity-{sequence}-", dir=work))
     scenario = scenario_from_dict(server_scenario(config, sequence, start, mode.warmup_s, mode.measure_s, work / "runs"))
     found = find_capacity(scenario, out, CapacityOptions(precision=PRECISION, max_steps=mode.max_runs, workers=1))
@@ -233,7 +252,12 @@ def search_capacity(config: ServerUnderTest, sequence: int, start: float, mode: 
               "counted_as": s["counted_as"], "p99_ms": _step_p99(s), "note": s.get("note"),
               "send_lag_p99_ms": _send_lag_p99(out / s["dir"])} for s in found["steps"]]
     shutil.rmtree(out, ignore_errors=True)
-    return {"max_rps": found["max_rate_rps"], "stopped": found["stopped"], "steps": steps}
+    result = {"max_rps": found["max_rate_rps"], "stopped": found["stopped"], "steps": steps}
+    if found["stopped"] == "generator_limit" and tries > 1:
+        print(f"    {config.name}: the generator fell behind ({steps[-1]['note']}); searching again", flush=True)
+        again = search_capacity(config, sequence, start, mode, work, tries - 1)
+        return {**again, "earlier_search": result}
+    return result
 
 
 def _send_lag_p99(run_dir: Path) -> float | None:
@@ -273,7 +297,10 @@ def capacity(mode: Mode, work: Path, before: Path | None = None) -> dict:
     for sequence in CAPACITY_SEQUENCES:
         curve = compute_curve(sequence, MAX_BATCH, mode.curve_seconds)
         bound = encoder_ceiling(curve)
-        ideal = {"batching": ideal_capacity(curve, P99_LIMIT_MS, MAX_BATCH), "batch_1": ideal_capacity(curve, P99_LIMIT_MS, 1)}
+        base = scenario_from_dict(server_scenario(server_configs(None)[0], sequence, CAPACITY_START[sequence],
+                                                  mode.warmup_s, mode.measure_s, work / "runs"))
+        ideal = {"batching": ideal_capacity(base, curve, P99_LIMIT_MS, MAX_BATCH, mode.measure_s),
+                 "batch_1": ideal_capacity(base, curve, P99_LIMIT_MS, 1, mode.measure_s)}
         print(f"  {sequence} tokens: ceiling {bound['rps']} req/s at batch {bound['batch']} ({bound['compute_ms']} ms); "
               f"an overhead-free server under Poisson arrivals: {ideal['batching']} req/s "
               f"({ideal['batch_1']} without batching)", flush=True)
@@ -449,14 +476,20 @@ def capacity_section(report: dict) -> str:
                              f"{got / bound['rps']:.0%}" if got else "–", f"{got / ideal['batching']:.0%}" if got else "–",
                              f"{got / naive:.2f}x" if got and naive else "–", srv["capacity"]["stopped"] or ""])
         columns = [servers[name]["sweep"] for name in SWEEP_SERVERS]
+        above = []  # (server, rate) where a reference server's p99 is above the naive server's
         for runs in zip(*columns):
-            sweep_rows.append([seq, f"{runs[0]['rate']:g}"] + [
-                f"{fmt(x['p50_ms'], 1)} / {fmt(x['p99_ms'], 1)}" + (f" ({x['errors']} err)" if x["errors"] else "")
-                for x in runs])
+            naive_p99 = runs[-1]["p99_ms"]
+            row = [seq, f"{runs[0]['rate']:g}"]
+            for name, x in zip(SWEEP_SERVERS, runs):
+                worse = name != "naive aiohttp + ORT" and None not in (x["p99_ms"], naive_p99) and x["p99_ms"] > naive_p99
+                above += [f"{name.removeprefix('reference, ')} at {runs[0]['rate']:g}/s"] if worse else []
+                row.append(f"{fmt(x['p50_ms'], 1)} / {fmt(x['p99_ms'], 1)}" + (" ▲" if worse else "")
+                           + (f" ({x['errors']} err)" if x["errors"] else ""))
+            sweep_rows.append(row)
         ref = servers["reference, dynamic batching"]["capacity"]["max_rps"] or 0
         verdicts.append(f"{seq} tokens: the reference server reaches {ref / bound['rps']:.0%} of the ceiling and "
-                        f"{ref / ideal['batching']:.0%} of the overhead-free server ({fmt(ref, 1)} req/s; naive "
-                        f"{fmt(naive, 1)})")
+                        f"**{ref / ideal['batching']:.0%} of the overhead-free server** ({fmt(ref, 1)} req/s; naive "
+                        f"{fmt(naive, 1)}); p99 above the naive server's: " + (", ".join(above) or "nowhere"))
     return f"""**The ceiling** — the model alone: ONNX Runtime, 1 intra-op thread, on the core the servers get, no
 server. Median ms per run (rows/s) by batch size:
 
@@ -466,7 +499,7 @@ server. Median ms per run (rows/s) by batch size:
   A throughput bound: no server serves more.
 - *overhead-free server, Poisson*: the highest Poisson rate at which a server with no overhead at all (the
   model runs every waiting request, up to 32, as one batch whenever it is free; simulated with the
-  measured c(b)) keeps p99 <= {P99_LIMIT_MS:g} ms. This is what the model can serve within the SLO under the
+  c(b) above on the very arrivals a capacity step sends, same seed) keeps p99 <= {P99_LIMIT_MS:g} ms. This is what the model can serve within the SLO under the
   traffic below; it sits under the ceiling because of queueing alone (Poisson bursts), not overhead.
 
 {markdown_table(["tokens", "ceiling, req/s", "overhead-free server, Poisson, req/s", "same, no batching"], bound_rows)}
@@ -483,7 +516,7 @@ per step, in one sitting. Every step counted was stamped `valid` by latscope (a 
 {"; ".join(verdicts)}.
 
 **Load by load** — latency p50 / p99 ms at fixed Poisson rates (one {report['mode_settings']['sweep_s']:g}-s run each,
-same setup):
+same setup); ▲: a p99 above the naive server's at that rate:
 
 {markdown_table(["tokens", "rate"] + list(SWEEP_SERVERS), sweep_rows)}
 """

@@ -56,6 +56,10 @@ def main() -> None:
 @_option("--max-queue-delay-us", type=click.IntRange(min=0), default=0,
          help="How long the oldest waiting request may wait for others to join its batch; 0: a batch is "
               "what waits when the model becomes free.")
+@_option("--batch-policy", type=click.Choice(["cost", "all"]), default="cost",
+         help="How many of the waiting compatible requests a run takes: cost = the count that minimises their "
+              "expected latency under the batch costs learned online (a pair is split where a row costs nearly "
+              "a run); all = every one of them.")
 @_option("--max-queue", type=click.IntRange(min=1), default=256,
          help="Requests that may wait; past it, 429 with Retry-After.")
 @_option("--max-body-bytes", type=click.IntRange(min=1), default=16 * 1024 * 1024,
@@ -90,6 +94,9 @@ def main() -> None:
          help="Transformer layers of the built-in decoder [default: 4].")
 @_option("--max-sequences", type=click.IntRange(min=1), default=64,
          help="Sequences decoded together (continuous batching); more wait, up to --max-queue, then 429.")
+@_option("--max-prefill-tokens", type=click.IntRange(min=1), default=128,
+         help="Prompt tokens prefilled between two decode steps; a longer prompt is prefilled in chunks of this "
+              "many, so running streams get a token between chunks (smaller: shorter stalls, slower long prompts).")
 @_option("--max-tokens-limit", type=click.IntRange(min=1), default=512,
          help="Largest max_tokens a generation request may ask for (the context, 1024 tokens, also bounds it).")
 @_option("--prefix-cache-mb", type=click.IntRange(min=0), default=256,

@@ -38,6 +38,7 @@ class ServerConfig:
     backend: str = "auto"
     max_batch_size: int = 32
     max_queue_delay_us: int = 0
+    batch_policy: str = "cost"  # how many waiting requests a run takes (batcher.py): "cost" or "all"
     max_queue: int = 256
     max_body_bytes: int = 16 * 1024 * 1024
     threads: int | None = None  # None: one per CPU core
@@ -57,6 +58,8 @@ class ServerConfig:
     decoder_layers: int | None = None  # None: the decoder's default
     max_sequences: int = 64  # sequences decoded together; more wait (up to max_queue, then 429)
     max_tokens_limit: int = 512  # largest max_tokens a request may ask for
+    # Prompt tokens prefilled between two decode steps; a longer prompt is prefilled in chunks (generation.py).
+    max_prefill_tokens: int = 128
     # MiB of cached prompt-prefix keys and values (prefix_cache.py); 0 = off. 256 MiB holds 2048 blocks of the
     # default decoder (128 KiB per 16 tokens), 32k tokens: 32 full 1024-token conversations, half of what the
     # decode batch itself can hold (64 sequences x 1024 tokens x 8 KiB = 512 MiB), small for any host.

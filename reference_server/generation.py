@@ -2,44 +2,61 @@
 
 Same shape as batcher.py: the asyncio front end calls `generator.submit(prompt_ids, max_tokens)` (no
 await; a full waiting queue raises `Overloaded` at once) and reads tokens from the returned
-`Generation`; one inference thread owns the model and the KV caches and hands each token to the
-request's event loop with `loop.call_soon_threadsafe` as soon as it exists.
+`Generation`; one inference thread owns the model and the KV caches and hands each step's tokens to the
+requests' event loops with one `loop.call_soon_threadsafe` per loop as soon as they exist.
 
-The inference thread loops:
-1. admit waiting requests while there are free sequence slots (`max_sequences`) and the prompt tokens
-   to compute fit the per-iteration prefill budget (`max_prefill_tokens`; at least one is always
-   admitted); with a prefix cache (prefix_cache.py) each admitted prompt takes its longest cached prefix
-   of full blocks, always leaving at least its last token to compute;
-2. prefill them, several at once when they arrived together: a group shares its cached length (so the
-   cached keys and values stack into one past tensor with no padding) and the power-of-two bucket of its
-   tokens to compute, which are left-padded; each prefill yields its sequence's first token, then the
-   prompts' full blocks that were computed go into the prefix cache;
-3. merge them into the decode batch, then run one decode step for every active sequence together.
+The inference thread loops; one pass is one *iteration*:
+1. plan this iteration's prefill, at most `max_prefill_tokens` prompt tokens computed (the budget): first the
+   next chunk of a prompt whose prefill is under way, then waiting requests while there are free sequence
+   slots (`max_sequences`) and their tokens to compute fit the budget left. A prompt that does not fit is
+   admitted only when nothing else is planned, and then computes its first `max_prefill_tokens` tokens
+   (a *chunk*); the rest follows in later iterations, one chunk each, so the streams already decoding get
+   a token between any two chunks. With a prefix cache (prefix_cache.py) each admitted prompt takes its
+   longest cached prefix of full blocks, always leaving at least its last token to compute;
+2. prefill the planned chunks, several at once when they can share a run: a group shares its past (the
+   cached blocks, or the keys and values of its earlier chunks) width, so the pasts stack into one tensor,
+   and the power-of-two bucket of its tokens to compute, which are left-padded; positions continue where
+   the row's past ends. A prompt's last chunk yields its sequence's first token, then its full blocks go
+   into the prefix cache;
+3. merge the prompts that finished prefilling into the decode batch, then run one decode step for every
+   active sequence together.
 A sequence leaves the batch when it has `max_tokens` tokens (greedy argmax; there is no end-of-sequence
 token, so every answer is exactly max_tokens long) or when its client cancels it.
 
+Chunking changes no token: a chunk attends to its row's past exactly as a prefill with a cached prefix does
+(below), so a prompt prefilled in chunks gets the tokens it gets in one run. What it bounds is the stall: a
+decode step waits for at most one iteration's prefill, `max_prefill_tokens` tokens, however long the prompt.
+
 Cost factors (named adapters, `--adapter NAME=FACTOR`): a sequence submitted with `factor` f >= 1 costs f
 model runs per token. It carries a credit: every run it takes part in adds 1, and a run's result is kept
-only when the credit reaches f (then f is taken off); the other runs are computed and thrown away. So its
-prompt's prefill runs ceil(f) times back to back (its group holds only sequences of the same factor), and
-in the decode batch it keeps one step's result in f on average (exactly every f-th step for a whole f;
-1.5: steps 1, 3, 4, 6, ... after a prefill that left 0.5): its time per token is f times the step time of
-the batch it decodes in, while the other rows still get a token every step. A thrown-away step's new KV
-column is removed from that row by shifting the row right by one column (a padding column comes in on the
+only when the credit reaches f (then f is taken off); the other runs are computed and thrown away. So each
+chunk of its prompt's prefill runs ceil(f) times back to back (its group holds only sequences of the same
+factor), and in the decode batch it keeps one step's result in f on average (exactly every f-th step for a
+whole f; 1.5: steps 1, 3, 4, 6, ... after a prefill that left 0.5): its time per token is f times the step
+time of the batch it decodes in, while the other rows still get a token every step. A thrown-away step's new
+KV column is removed from that row by shifting the row right by one column (a padding column comes in on the
 left), so the row's cache is exactly as before the step and the batch's width stays bounded.
 
 KV cache layout: the decode batch keeps, per layer, one key and one value array [rows, heads, T, head_dim]
 and an attention mask [rows, T]. Every row is **left-padded**: its real tokens are its last `length`
-columns (but for the gap below), the columns before are padding with mask 0. A decode step appends one
+columns (but for the gaps below), the columns before are padding with mask 0. A decode step appends one
 column to every row, so rows stay right-aligned; a row that joins is left-padded (or the batch is) to
-the wider of the two; when rows leave, leading columns that no remaining row attends are cut off.
+the wider of the two. With `run_into` (the server's ONNX Runtime io binding) a decode step writes its
+presents into one of two reused flat buffers per array in turn, the cache being their leading part, so a
+row that joins and is not wider is written after the others in place; otherwise the cache is copied into new
+arrays. A row that leaves is replaced by the batch's last row (one row copied, the arrays'
+leading rows stay one contiguous block, so nothing else moves); leading columns that no remaining row
+attends are cut off once they are at least a quarter of the width (the cut copies the whole cache, so it is
+paid once for many leaves; until then they cost attention over masked columns only).
 Positions are per row (0 … length-1), so padding never shifts them, and the graph's last-position
 logits are each row's own.
-A prefill with a cached prefix feeds it as past and the rest of the prompt as new tokens (positions
-from the cached length on); in a group whose rows compute different numbers of tokens, a shorter row
-comes out as [cached][padding][new] and keeps that gap while it decodes: attention does not depend on
-the order of the columns (positions travel in the keys), and masked columns get exactly zero weight
-(exp of -1e9 underflows), so cached or not, padded or not, a sequence gets the same tokens.
+A prefill with a past (cached blocks, earlier chunks) feeds it as past and the rest of the chunk as new
+tokens (positions from the past's token count on); in a group whose rows compute different numbers of
+tokens, a shorter row comes out as [past][padding][new] and keeps that gap while it prefills its next chunk
+and decodes: attention does not depend on the order of the columns (positions travel in the keys), and
+masked columns get exactly zero weight (exp of -1e9 underflows), so cached or not, chunked or not, padded or
+not, a sequence gets the same tokens. A prompt's token at position p is in the p-th attended column of its
+row, which is where its prefix-cache blocks are read from.
 """
 
 from __future__ import annotations
@@ -57,11 +74,14 @@ import numpy as np
 
 from reference_server.batcher import Overloaded
 from reference_server.decoder import DecoderConfig, empty_cache, past_names, present_names
+from reference_server.kv_batch import DecodeBatch
 from reference_server.prefix_cache import BLOCK_TOKENS, PrefixCache, block_keys, usable_blocks
 
 log = logging.getLogger(__name__)
 
 RunFn = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+RunIntoFn = Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], dict[str, np.ndarray]]
+"""Like RunFn, but writes the outputs named in its second argument into those arrays; returns the others."""
 PrefillObserver = Callable[[int, int, int], None]
 """Called from the inference thread after each prefill run with (rows, padded tokens, compute ns)."""
 StepObserver = Callable[[int, int], None]
@@ -72,7 +92,9 @@ TokenObserver = Callable[[int], None]
 """Called from the inference thread with the number of tokens each prefill or decode step handed out (a cost
 factor's thrown-away runs hand out none)."""
 
-MAX_PREFILL_TOKENS = 4096  # prompt tokens computed between two decode steps (one long prompt always fits)
+# Prompt tokens computed between two decode steps, a longer prompt in chunks: the Generator's default; the server
+# passes --max-prefill-tokens (config.py), much smaller, so that a long prompt stalls running streams one chunk.
+MAX_PREFILL_TOKENS = 4096
 
 
 class ContextTooLong(ValueError):
@@ -104,9 +126,9 @@ class Generation:
         self.factor = factor  # model runs per token (module docstring: cost factors)
         self.cache_salt = cache_salt  # starts its prefix-cache keys (an adapter's own blocks)
         self.enqueued_ns = time.perf_counter_ns()
-        self.prefill_start_ns = 0
-        self.prefill_ns = 0  # the prefill run of this sequence's group
-        self.prefill_rows = 0  # sequences in that run
+        self.prefill_start_ns = 0  # the start of its first prefill run (chunk)
+        self.prefill_ns = 0  # start of its first prefill run to the end of its last (steps between chunks too)
+        self.prefill_rows = 0  # sequences in its last prefill run
         self.cached_tokens = 0  # prompt tokens taken from the prefix cache (set before its prefill)
         self.first_token_ns = 0
         self.last_token_ns = 0
@@ -123,6 +145,11 @@ class Generation:
         self._keys: list[bytes] | None = None
         self._hit: list[np.ndarray] = []
         self._credit = 0.0  # runs taken part in, less f per kept result (cost factors)
+        # A prefill under way (chunks): prompt tokens whose keys and values exist (cached or computed), and those
+        # keys and values (past_names order, [1, heads, W, head_dim]) with their mask [1, W]; None before the first.
+        self._done = 0
+        self._kv: list[np.ndarray] | None = None
+        self._kv_mask: np.ndarray | None = None
 
     @property
     def queue_ns(self) -> int:
@@ -174,69 +201,25 @@ def _bucket(length: int) -> int:
     return 1 << max(length - 1, 0).bit_length()
 
 
-def _left_pad(a: np.ndarray, width: int, axis: int) -> np.ndarray:
-    missing = width - a.shape[axis]
-    if missing == 0:
-        return a
-    pad = [(0, 0)] * a.ndim
-    pad[axis] = (missing, 0)
-    return np.pad(a, pad)
-
-
-class _Batch:
-    """The decode batch: its rows' Generations, the KV cache (past_names order) and the attention mask."""
-
-    def __init__(self) -> None:
-        self.clear()
-
-    def clear(self) -> None:
-        self.rows: list[Generation] = []
-        self.cache: list[np.ndarray] = []
-        self.mask = np.zeros((0, 0), np.int64)
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def add(self, rows: list[Generation], cache: list[np.ndarray], mask: np.ndarray) -> None:
-        if not self.rows:
-            self.rows, self.cache, self.mask = list(rows), cache, mask
-            return
-        width = max(self.mask.shape[1], mask.shape[1])
-        self.cache = [np.concatenate([_left_pad(old, width, 2), _left_pad(new, width, 2)])
-                      for old, new in zip(self.cache, cache)]
-        self.mask = np.concatenate([_left_pad(self.mask, width, 1), _left_pad(mask, width, 1)])
-        self.rows.extend(rows)
-
-    def retain(self, keep: Callable[[Generation], bool]) -> list[Generation]:
-        """Drop the rows `keep` rejects, and the leading columns no remaining row attends; returns the dropped."""
-        kept = [i for i, g in enumerate(self.rows) if keep(g)]
-        if len(kept) == len(self.rows):
-            return []
-        dropped = [g for g in self.rows if not keep(g)]
-        if not kept:
-            self.clear()
-            return dropped
-        index = np.array(kept)
-        mask = self.mask[index]
-        first = int(np.argmax(mask.any(axis=0)))  # every row has its last columns set, so this finds a real column
-        self.rows = [self.rows[i] for i in kept]
-        self.mask = np.ascontiguousarray(mask[:, first:])
-        self.cache = [np.ascontiguousarray(a[index][:, :, first:]) for a in self.cache]
-        return dropped
-
-
 def _active(g: Generation) -> bool:
     return not g.cancelled and not g.finished
+
+
+def _past_width(g: Generation) -> int:
+    """Columns of the past a prefill of g's next chunk feeds: its earlier chunks', else its cached blocks'."""
+    return g.cached_tokens if g._kv_mask is None else g._kv_mask.shape[1]
 
 
 class Generator:
     def __init__(self, run: RunFn, config: DecoderConfig, *, max_sequences: int, max_waiting: int,
                  max_prefill_tokens: int = MAX_PREFILL_TOKENS, on_prefill: PrefillObserver | None = None,
                  on_step: StepObserver | None = None, prefix_cache: PrefixCache | None = None,
-                 on_prompt: PromptObserver | None = None, on_tokens: TokenObserver | None = None) -> None:
+                 on_prompt: PromptObserver | None = None, on_tokens: TokenObserver | None = None,
+                 run_into: RunIntoFn | None = None) -> None:
         if max_sequences < 1 or max_waiting < 1 or max_prefill_tokens < 1:
             raise ValueError("max_sequences, max_waiting and max_prefill_tokens must be >= 1")
         self._run_fn = run
+        self._run_into = run_into  # decode steps write their presents into the batch's arena (DecodeBatch)
         self.config = config
         self.max_sequences = max_sequences
         self.max_waiting = max_waiting
@@ -252,6 +235,7 @@ class Generator:
         self._cond = threading.Condition()
         self._stopping = False
         self._active = 0
+        self._partial: list[Generation] = []  # admitted, prefill under way (chunks); owned by the inference thread
         self._thread = threading.Thread(target=self._loop, name="generation-0", daemon=True)
 
     # --- front end (event loop) ------------------------------------------------------------------------
@@ -304,51 +288,63 @@ class Generator:
     # --- inference thread ------------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        batch = _Batch()
+        batch = DecodeBatch()
         try:
             while True:
-                admitted = self._admit(len(batch))
-                if admitted is None:
+                planned = self._plan(len(batch))
+                if planned is None:
                     break
-                for group in self._groups(admitted):
+                for group in self._groups(planned):
                     self._prefill(group, batch)
+                self._partial = [g for g in self._partial if g._kv is not None and not g.cancelled]
                 batch.retain(_active)
-                self._active = len(batch)
+                self._active = len(batch) + len(self._partial)
                 if batch:
                     self._decode(batch)
                     batch.retain(_active)
-                    self._active = len(batch)
+                    self._active = len(batch) + len(self._partial)
         except Exception:  # noqa: BLE001 - a bug here must not leave requests waiting forever
             log.exception("generation loop failed")
         finally:
             with self._cond:
                 self._stopping = True
-                left = list(self._waiting) + batch.rows
+                left = list(self._waiting) + batch.rows + self._partial
                 self._waiting.clear()
             self._active = 0
             self._fail(left, GenerationFailed("server is shutting down"))
 
-    def _admit(self, active: int) -> list[Generation] | None:
-        """Waiting sequences to prefill now (blocks while nothing is active and nothing waits); None: stop."""
+    def _plan(self, active: int) -> list[tuple[Generation, int]] | None:
+        """This iteration's prefill chunks (sequence, tokens to compute), at most `max_prefill_tokens` tokens:
+        the prompts under way first, then waiting ones (blocks while nothing is active and nothing waits);
+        None: stop."""
         with self._cond:
-            while not active and not self._waiting and not self._stopping:
+            while not active and not self._partial and not self._waiting and not self._stopping:
                 self._cond.wait()
             if self._stopping:
                 return None
-            taken: list[Generation] = []
-            tokens = 0
-            while self._waiting and active + len(taken) < self.max_sequences:
+            budget = self.max_prefill_tokens
+            planned: list[tuple[Generation, int]] = []
+            for g in self._partial:
+                if budget and not g.cancelled:
+                    n = min(g.prompt.size - g._done, budget)
+                    planned.append((g, n))
+                    budget -= n
+            while self._waiting and budget and active + len(self._partial) < self.max_sequences:
                 head = self._waiting[0]
                 if head.cancelled:
                     self._waiting.popleft()
                     continue
                 self._look_up(head)  # under the lock: hashing once (~50 us for 1024 tokens), then a dict walk
-                if taken and tokens + head.prompt.size - head.cached_tokens > self.max_prefill_tokens:
+                todo = head.prompt.size - head.cached_tokens
+                if planned and todo > budget:  # not split while other work is planned: it may fit whole next time
                     head._hit, head.cached_tokens = [], 0  # looked up again when its turn comes
                     break
-                taken.append(self._waiting.popleft())
-                tokens += head.prompt.size - head.cached_tokens
-            return taken
+                self._waiting.popleft()
+                head._done = head.cached_tokens
+                planned.append((head, min(todo, budget)))
+                budget -= planned[-1][1]
+                self._partial.append(head)  # until its last chunk is computed (_loop drops it then)
+            return planned
 
     def _look_up(self, g: Generation) -> None:
         """Take the longest cached prefix of g's prompt, in full blocks, leaving at least one token to compute."""
@@ -360,88 +356,112 @@ class Generator:
         g.cached_tokens = len(g._hit) * BLOCK_TOKENS
 
     @staticmethod
-    def _groups(admitted: list[Generation]) -> list[list[Generation]]:
-        """Prefill groups: same cached length, and same power-of-two bucket of tokens to compute, so a short
-        prompt never pays for a long one, and same cost factor (the group's run is repeated for it); shortest first."""
-        groups: dict[tuple[int, int, float], list[Generation]] = {}
-        for g in admitted:
-            groups.setdefault((_bucket(g.prompt.size - g.cached_tokens), g.cached_tokens, g.factor), []).append(g)
+    def _groups(planned: list[tuple[Generation, int]]) -> list[list[tuple[Generation, int]]]:
+        """Prefill groups: same past width (cached blocks or earlier chunks, so the pasts stack), same
+        power-of-two bucket of tokens to compute, so a short prompt never pays for a long one, and same cost
+        factor (the group's run is repeated for it); shortest first."""
+        groups: dict[tuple[int, int, float], list[tuple[Generation, int]]] = {}
+        for g, n in planned:
+            groups.setdefault((_bucket(n), _past_width(g), g.factor), []).append((g, n))
         return [groups[k] for k in sorted(groups)]
 
-    def _prefill(self, group: list[Generation], batch: _Batch) -> None:
-        rows, past = len(group), group[0].cached_tokens  # the group shares its cached length (_groups)
-        new = [g.prompt.size - past for g in group]
-        width = max(new)
+    def _prefill(self, group: list[tuple[Generation, int]], batch: DecodeBatch) -> None:
+        """One prefill run (ceil(factor) runs) of the group's chunks; rows whose prompt is then complete get their
+        first token, store their blocks and join the decode batch, the others keep their keys and values."""
+        rows, past = len(group), _past_width(group[0][0])  # the group shares its past width (_groups)
+        width = max(n for _, n in group)
         ids = np.zeros((rows, width), np.int64)
         positions = np.zeros((rows, width), np.int64)
         mask = np.zeros((rows, past + width), np.int64)
-        mask[:, :past] = 1
-        for i, (g, n) in enumerate(zip(group, new)):  # left-pad the new tokens: real ones in the last columns
-            ids[i, width - n:] = g.prompt[past:]
-            positions[i, width - n:] = np.arange(past, g.prompt.size)
+        for i, (g, n) in enumerate(group):  # left-pad the new tokens: real ones in the last columns
+            ids[i, width - n:] = g.prompt[g._done:g._done + n]
+            positions[i, width - n:] = np.arange(g._done, g._done + n)
+            mask[i, :past] = 1 if g._kv_mask is None else g._kv_mask[0]
             mask[i, past + width - n:] = 1
         start = time.perf_counter_ns()  # the prefill includes gathering the cached blocks, which costs a copy
         inputs = {"input_ids": ids, "position_ids": positions, "attention_mask": mask,
-                  **self._past_inputs(group, past)}
-        for g in group:
-            g.prefill_start_ns = start
-        runs = math.ceil(group[0].factor)  # a cost factor's extra runs are thrown away; the last one is kept
+                  **self._past_inputs([g for g, _ in group], past)}
+        for g, _ in group:
+            if not g.prefill_start_ns:
+                g.prefill_start_ns = start
+        factor = group[0][0].factor
+        runs = math.ceil(factor)  # a cost factor's extra runs are thrown away; the last one is kept
         run_start = start  # the first run's time includes gathering the cached blocks, as it always did
         for _ in range(runs):
             try:
                 outputs = self._run_fn(inputs)
             except Exception as exc:  # noqa: BLE001 - fail these requests, keep serving the others
                 log.warning("prefill of %d sequences failed: %s", rows, exc)
-                self._fail(group, GenerationFailed(f"prefill failed: {exc}"))
+                for g, _ in group:
+                    g._kv = None  # _loop drops it from the prefills under way
+                self._fail([g for g, _ in group], GenerationFailed(f"prefill failed: {exc}"))
                 return
             end = time.perf_counter_ns()
             if self._on_prefill:
                 self._on_prefill(rows, rows * width, end - run_start)
             run_start = end
-        if self._on_prompt:
-            self._on_prompt(sum(g.prompt.size for g in group), rows * past)
-        for g in group:
-            g.prefill_ns, g.prefill_rows, g._length, g._hit = end - start, rows, g.prompt.size, []
-            g._credit = runs - g.factor
-        self._emit(group, outputs["logits"].argmax(axis=-1), end)
         cache = [outputs[name] for name in self._present]
-        self._store(group, cache, past, width)
-        keep = [i for i, g in enumerate(group) if _active(g)]
+        done: list[int] = []
+        for i, (g, n) in enumerate(group):
+            g._done += n
+            g._hit = []
+            if g._done < g.prompt.size:  # more chunks to come: keep this row's keys and values (views)
+                g._kv, g._kv_mask = [a[i:i + 1] for a in cache], mask[i:i + 1]
+                continue
+            done.append(i)
+            g._kv = g._kv_mask = None
+            g.prefill_ns, g.prefill_rows, g._length = end - g.prefill_start_ns, rows, g.prompt.size
+            g._credit = runs - factor
+        if not done:
+            return
+        finished = [group[i][0] for i in done]
+        if self._on_prompt:
+            self._on_prompt(sum(g.prompt.size for g in finished), sum(g.cached_tokens for g in finished))
+        token_ids = outputs["logits"].argmax(axis=-1)
+        self._emit(finished, token_ids if len(done) == rows else token_ids[done], end)
+        self._store(finished, done, cache, mask)
+        keep = [i for i in done if _active(group[i][0])]
         if len(keep) == rows:
-            batch.add(group, cache, mask)
+            batch.add(finished, cache, mask)
         elif keep:
             index = np.array(keep)
-            batch.add([group[i] for i in keep], [a[index] for a in cache], mask[index])
+            batch.add([group[i][0] for i in keep], [a[index] for a in cache], mask[index])
 
     def _past_inputs(self, group: list[Generation], past: int) -> dict[str, np.ndarray]:
-        """The past_* inputs of a prefill: the rows' cached blocks side by side (all `past` tokens long)."""
+        """The past_* inputs of a prefill: the rows' earlier chunks or cached blocks side by side (all `past` wide)."""
         if not past:
             return empty_cache(self.config, len(group))
+        if len(group) == 1 and group[0]._kv is not None:  # one prompt's next chunk: its arrays as they are
+            return dict(zip(self._past, group[0]._kv))
         cfg = self.config
         stacked = np.empty((len(self._past), len(group), cfg.heads, past, cfg.head_dim), np.float32)
         for i, g in enumerate(group):
+            if g._kv is not None:
+                for k, a in enumerate(g._kv):
+                    stacked[k, i] = a[0]
+                continue
             for j, block in enumerate(g._hit):  # block: [2 * layers, heads, BLOCK_TOKENS, head_dim]
                 stacked[:, i, :, j * BLOCK_TOKENS:(j + 1) * BLOCK_TOKENS] = block
         return {name: stacked[k] for k, name in enumerate(self._past)}
 
-    def _store(self, group: list[Generation], cache: list[np.ndarray], past: int, width: int) -> None:
-        """Put the prompts' full blocks into the prefix cache (those already there are only marked used).
-        In the presents of a prefill with `past` cached and `width` new columns, prompt position p of a row that
-        computed n tokens is column p when cached (p < past), else p + width - n (its padding comes first)."""
+    def _store(self, finished: list[Generation], rows: list[int], cache: list[np.ndarray], mask: np.ndarray) -> None:
+        """Put the finished prompts' full blocks into the prefix cache (those already there are only marked used).
+        Prompt position p of row i is its p-th attended column (the mask's p-th 1: cached, chunks and gaps alike)."""
         if not self.prefix_cache.enabled:
             return
-        for i, g in enumerate(group):
-            gap = width - (g.prompt.size - past)
+        for g, i in zip(finished, rows):
+            columns = np.flatnonzero(mask[i])
 
-            def block(j: int, i: int = i, gap: int = gap) -> np.ndarray:
+            def block(j: int, i: int = i, columns: np.ndarray = columns) -> np.ndarray:
                 # A cached block is normally present already; it is stored again from here when it was evicted
                 # after this prompt looked it up (by an earlier group's blocks).
-                start = j * BLOCK_TOKENS + (gap if j * BLOCK_TOKENS >= past else 0)
-                return np.stack([a[i, :, start:start + BLOCK_TOKENS] for a in cache])
+                c = columns[j * BLOCK_TOKENS:(j + 1) * BLOCK_TOKENS]
+                part = slice(c[0], c[0] + BLOCK_TOKENS) if c[-1] - c[0] == BLOCK_TOKENS - 1 else c
+                return np.stack([a[i, :, part] for a in cache])
 
             self.prefix_cache.insert(g._keys or [], block)
 
-    def _decode(self, batch: _Batch) -> None:
+    def _decode(self, batch: DecodeBatch) -> None:
         rows = len(batch)
         mask = np.concatenate([batch.mask, np.ones((rows, 1), np.int64)], axis=1)
         inputs = {"input_ids": np.array([[g._next] for g in batch.rows], np.int64),
@@ -449,7 +469,13 @@ class Generator:
                   "attention_mask": mask, **dict(zip(self._past, batch.cache))}
         start = time.perf_counter_ns()
         try:
-            outputs = self._run_fn(inputs)
+            if self._run_into is None:
+                outputs, home = self._run_fn(inputs), None
+            else:
+                cfg = self.config
+                home, presents = batch.spare((rows, cfg.heads, mask.shape[1], cfg.head_dim), len(self._present))
+                outputs = {**self._run_into(inputs, dict(zip(self._present, presents))),
+                           **dict(zip(self._present, presents))}
         except Exception as exc:  # noqa: BLE001 - a failed step leaves no usable cache: fail its sequences
             log.warning("decode step of %d sequences failed: %s", rows, exc)
             self._fail(batch.rows, GenerationFailed(f"decode step failed: {exc}"))
@@ -459,7 +485,7 @@ class Generator:
         if self._on_step:
             self._on_step(rows, end - start)
         batch.cache = [outputs[name] for name in self._present]
-        batch.mask = mask
+        batch.mask, batch.home = mask, home
         kept = []
         for i, g in enumerate(batch.rows):
             g._credit += 1
@@ -474,19 +500,16 @@ class Generator:
         self._emit([batch.rows[i] for i in kept], token_ids, end)
 
     @staticmethod
-    def _throw_away(batch: _Batch, rows: list[int]) -> None:
+    def _throw_away(batch: DecodeBatch, rows: list[int]) -> None:
         """Undo the last step for `rows` (their cost factor's extra runs): each row's new last column goes, the row
-        shifts right by one with a padding column coming in on the left; then leading columns no row attends are cut."""
+        shifts right by one with a padding column coming in on the left; then unattended leading columns may go."""
         index = np.array(rows)
         for a in batch.cache:  # [rows, heads, T, head_dim]
             a[index, :, 1:] = a[index, :, :-1]
             a[index, :, 0] = 0
         batch.mask[index, 1:] = batch.mask[index, :-1]
         batch.mask[index, 0] = 0
-        first = int(np.argmax(batch.mask.any(axis=0)))
-        if first:
-            batch.mask = np.ascontiguousarray(batch.mask[:, first:])
-            batch.cache = [np.ascontiguousarray(a[:, :, first:]) for a in batch.cache]
+        batch.trim()
 
     def _emit(self, rows: list[Generation], token_ids: np.ndarray, now_ns: int) -> None:
         """Record one new token per row and hand them to their event loops, one wake-up per loop."""

@@ -54,6 +54,7 @@ def mount_generator(app: web.Application, config: ServerConfig, metrics: Metrics
              load_s, time.perf_counter() - started - load_s)
     prefix_cache = PrefixCache(config.prefix_cache_mb * 2**20, on_evict=metrics.prefix_cache_evictions.inc)
     generator = Generator(backend.run, decoder, max_sequences=config.max_sequences, max_waiting=config.max_queue,
+                          max_prefill_tokens=config.max_prefill_tokens, run_into=backend.run_into,
                           on_prefill=metrics.on_prefill, on_step=metrics.on_decode_step, prefix_cache=prefix_cache,
                           on_prompt=metrics.on_prompt, on_tokens=metrics.on_tokens)
     metrics.active_sequences.set_function(generator.active)
@@ -68,9 +69,11 @@ def mount_generator(app: web.Application, config: ServerConfig, metrics: Metrics
                           openai_api.OpenAIRoutes(generator, models, metrics, chat=True, **shared))
     responses_api.add_routes(app, responses_api.ResponsesRoutes(generator, models, metrics, **shared))
     messages_api.add_routes(app, messages_api.MessagesRoutes(generator, models, metrics, **shared))
-    log.info("generator %s: continuous batching, at most %d sequences, %d waiting, max_tokens <= %d, prefix cache "
+    log.info("generator %s: continuous batching, at most %d sequences, %d waiting, %d prompt tokens prefilled per step, "
+             "max_tokens <= %d, prefix cache "
              "%s, %d reasoning tokens by default; POST /v1/completions, /v1/chat/completions, /v1/responses, "
-             "/v1/messages", config.generator_name, config.max_sequences, config.max_queue, config.max_tokens_limit,
+             "/v1/messages", config.generator_name, config.max_sequences, config.max_queue, config.max_prefill_tokens,
+             config.max_tokens_limit,
              f"{config.prefix_cache_mb} MiB" if config.prefix_cache_mb else "off (--prefix-cache-mb 0)",
              config.reasoning_tokens)
     for name, factor in config.adapters:

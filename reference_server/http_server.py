@@ -3,17 +3,21 @@
 Every answer is JSON (`{"error": "..."}` for failures) and carries X-Replica-Id; infer answers carry
 Server-Timing. Client mistakes are 4xx with a message, overload is 429 + Retry-After; a 500 means a
 bug or a backend failure, never bad input.
+
+Infer requests usually arrive through infer_path.py's lean HTTP path (server.py listens with its
+InferSite), which hands every other request to this app; both answer with `V2Routes.answer_infer`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import socket
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -33,6 +37,11 @@ SERVER_NAME = "latscope-ref"
 RETRY_AFTER_S = 1
 CLIENT_GONE = 499  # the status a request whose client went away mid-body is counted under (never sent)
 REPLICA_ID = web.AppKey("replica_id", str)  # what X-Replica-Id says, for routes mounted later
+INFER_ENDPOINT = "/v2/models/{name}/infer"
+JSON_ERROR_TYPE = "application/json; charset=utf-8"  # the Content-Type web.json_response writes
+
+Answer = tuple[int, bytes, dict[str, str]]
+"""An answer before any HTTP framing: status, body, headers (X-Replica-Id and the framing headers aside)."""
 
 
 @dataclass
@@ -47,12 +56,18 @@ def _error(status: int, message: str, **headers: str) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers)
 
 
+def error_answer(status: int, message: str, **headers: str) -> Answer:
+    """`_error`'s answer as bytes: the body and Content-Type web.json_response writes for the same message."""
+    return status, json.dumps({"error": message}).encode(), {"Content-Type": JSON_ERROR_TYPE, **headers}
+
+
 class V2Routes:
     def __init__(self, model: ServedModel, metrics: Metrics, max_body_bytes: int, extra_latency_ms: float) -> None:
         self.model = model
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.extra_latency_s = extra_latency_ms / 1000
+        self.queue_seconds = metrics.queue_seconds
 
     async def live(self, request: web.Request) -> web.Response:
         return web.json_response({"live": True})
@@ -92,6 +107,8 @@ class V2Routes:
                            f"send fewer rows per request or use binary tensors")
 
     async def infer(self, request: web.Request) -> web.Response:
+        """aiohttp's infer handler: the connections infer_path.py hands over (and any app run without its
+        InferSite) come here; the answer is `answer_infer`'s, as on the lean path."""
         if unknown := self._unknown(request):
             return unknown
         try:
@@ -100,12 +117,19 @@ class V2Routes:
             return self._too_large()
         except BodyUnreadable as exc:
             return _error(400, str(exc))
+        status, payload, headers = await self.answer_infer(self.model.name, body, request.headers.get(v2.HEADER_LENGTH))
+        return web.Response(status=status, body=payload, headers=headers)
 
+    async def answer_infer(self, name: str, body: bytes, header_length: str | None) -> Answer:
+        """The answer to an infer request for model `name` whose whole body is `body` (`header_length`: its
+        Inference-Header-Content-Length header). The one place both HTTP paths get their answers from."""
+        if name != self.model.name:
+            return error_answer(404, f"unknown model {name!r}; this server serves {self.model.name!r}")
         started = time.perf_counter_ns()
         try:
-            decoded = v2.decode_request(body, request.headers.get(v2.HEADER_LENGTH), self.model.signature)
+            decoded = v2.decode_request(body, header_length, self.model.signature)
         except v2.BadRequest as exc:
-            return _error(400, str(exc))
+            return error_answer(400, str(exc))
         deser_ns = time.perf_counter_ns() - started
 
         if self.extra_latency_s:  # simulated slowdown (--extra-latency-ms): not part of any Server-Timing entry
@@ -113,24 +137,32 @@ class V2Routes:
         try:
             result = await self.model.batcher.submit(decoded.inputs)
         except Overloaded as exc:
-            return _error(429, f"server overloaded: {exc}; retry after {RETRY_AFTER_S} s",
-                          **{"Retry-After": str(RETRY_AFTER_S)})
+            return error_answer(429, f"server overloaded: {exc}; retry after {RETRY_AFTER_S} s",
+                                **{"Retry-After": str(RETRY_AFTER_S)})
         except RequestTooLarge as exc:
-            return _error(400, str(exc))
+            return error_answer(400, str(exc))
         except InferenceFailed as exc:
-            return _error(500, str(exc))
-        self.metrics.queue_seconds.observe(result.queue_ns / 1e9)
+            return error_answer(500, str(exc))
+        self.queue_seconds.observe(result.queue_ns / 1e9)
 
         started = time.perf_counter_ns()
         payload, headers = v2.encode_response(self.model.name, decoded, result.outputs, self.model.signature)
         headers["Server-Timing"] = server_timing(queue_ns=result.queue_ns, deser_ns=deser_ns,
                                                  compute_ns=result.compute_ns,
                                                  ser_ns=time.perf_counter_ns() - started, batch=result.batch_size)
-        return web.Response(body=payload, headers=headers)
+        return 200, payload, headers
+
+
+INFER_ROUTES = web.AppKey("infer_routes", V2Routes)  # for infer_path.InferSite, which answers with them
 
 
 def _observe(metrics: Metrics, replica_id: str) -> Middleware:
     """Count and time every request, turn aiohttp's own HTTP errors (404 route, 405) into JSON, tag the replica."""
+
+    # Label lookups once per (endpoint, status): prometheus_client's labels() validates and locks each call.
+    # Both key sets are bounded: endpoints are the routes' canonical names (or "unmatched"), statuses codes.
+    counters: dict[tuple[str, int], Any] = {}
+    durations: dict[str, Any] = {}
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -152,8 +184,13 @@ def _observe(metrics: Metrics, replica_id: str) -> Middleware:
         finally:
             metrics.in_flight.dec()
         response.headers["X-Replica-Id"] = replica_id
-        metrics.requests.labels(endpoint, str(response.status)).inc()
-        metrics.request_seconds.labels(endpoint).observe(time.perf_counter() - started)
+        key = (endpoint, response.status)
+        if (counter := counters.get(key)) is None:
+            counter = counters[key] = metrics.requests.labels(endpoint, str(response.status))
+        counter.inc()
+        if (duration := durations.get(endpoint)) is None:
+            duration = durations[endpoint] = metrics.request_seconds.labels(endpoint)
+        duration.observe(time.perf_counter() - started)
         return response
 
     return middleware
@@ -167,6 +204,7 @@ def make_app(model: ServedModel, metrics: Metrics, *, max_body_bytes: int, extra
     replica_id = replica_id or f"{socket.gethostname()}-{os.getpid()}"
     app = web.Application(client_max_size=max_body_bytes, middlewares=[_observe(metrics, replica_id)])
     app[REPLICA_ID] = replica_id
+    app[INFER_ROUTES] = routes
     app.router.add_get("/v2/health/live", routes.live)
     app.router.add_get("/v2/health/ready", routes.ready)
     app.router.add_get("/v2", routes.server_metadata)
@@ -174,6 +212,6 @@ def make_app(model: ServedModel, metrics: Metrics, *, max_body_bytes: int, extra
     app.router.add_post("/v2/repository/index", routes.models)
     app.router.add_get("/v2/models/{name}", routes.model_metadata)
     app.router.add_get("/v2/models/{name}/ready", routes.model_ready)
-    app.router.add_post("/v2/models/{name}/infer", routes.infer)
+    app.router.add_post(INFER_ENDPOINT, routes.infer)
     app.router.add_get("/metrics", routes.metrics_text)
     return app

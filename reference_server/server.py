@@ -34,6 +34,7 @@ from reference_server.errors import StartupError
 from reference_server.generation_api import mount_generator
 from reference_server.grpc_server import bind_grpc
 from reference_server.http_server import ServedModel, make_app
+from reference_server.infer_path import InferSite
 from reference_server.lifecycle import ReplicaRole, managed_model
 from reference_server.metrics import Metrics
 
@@ -101,10 +102,10 @@ async def serve(config: ServerConfig, replica: ReplicaRole | None = None) -> Non
                             model_path, metrics, replica)
     batcher = Batcher(backend.run, backend.signature, max_batch_size=config.max_batch_size,
                       max_queue_delay_us=config.max_queue_delay_us, max_queue=config.max_queue,
-                      on_batch=metrics.on_batch)
+                      on_batch=metrics.on_batch, batch_policy=config.batch_policy)
     metrics.queue_depth.set_function(batcher.depth)
-    log.info("batching: max %d rows per run, max queue delay %d us, queue bound %d", batcher.max_rows,
-             config.max_queue_delay_us, config.max_queue)
+    log.info("batching: max %d rows per run, max queue delay %d us, queue bound %d, batch policy %s", batcher.max_rows,
+             config.max_queue_delay_us, config.max_queue, config.batch_policy)
 
     served = ServedModel(config.model_name, backend.platform, backend.signature, batcher)
     if grpc_front:
@@ -134,7 +135,7 @@ async def serve(config: ServerConfig, replica: ReplicaRole | None = None) -> Non
         if grpc_front:
             await grpc_front.start()
             log.info("grpc listening on %s (inference.GRPCInferenceService)", grpc_front.address)
-        await web.SockSite(runner, sock).start()
+        await InferSite(runner, sock, drain_timeout=SHUTDOWN_TIMEOUT_S).start()  # aiohttp's SockSite + lean infer path
         host, port = sock.getsockname()[:2]
         url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
         log.info("listening on %s", url)

@@ -8,8 +8,9 @@ of functions that every version of the server has (the KServe v2 handler, body r
 batcher's submit, batch run and backend call), so the same probe times the server before and after a
 change. At exit each replica writes one JSON line per request:
 
-    handler    handler entered (aiohttp has parsed the request line and headers)
-    body       the body read
+    handler    handler entered (aiohttp has parsed the request line and headers); on the lean infer path
+               (infer_path.py, servers after issue 34) the answer started, the whole request parsed
+    body       the body read (on the lean path: the same instant as handler)
     decoded    the request decoded and validated (v2.decode_request)
     enqueued   the request put on the batcher's queue
     taken      its batch formed: the inference side took it (queue wait + batch formation + wake-up)
@@ -42,7 +43,8 @@ def _install(out: str) -> None:
     current: contextvars.ContextVar[dict | None] = contextvars.ContextVar("probe", default=None)
     in_batch = threading.local()
 
-    original_infer = http_server.V2Routes.infer
+    lean = hasattr(http_server.V2Routes, "answer_infer")  # both HTTP paths answer with it (issue 34 on)
+    original_infer = http_server.V2Routes.answer_infer if lean else http_server.V2Routes.infer
     original_read = http_server.read_body
     original_decode = http_server.v2.decode_request
     original_pending = batcher_module.Batcher._pending
@@ -51,12 +53,14 @@ def _install(out: str) -> None:
     original_init = batcher_module.Batcher.__init__
     original_deliver = batcher_module.Batcher.__dict__["_deliver"]
 
-    async def infer(self, request):
+    async def infer(self, *args):
         record = {"handler": now()}
+        if lean:
+            record["body"] = record["handler"]
         current.set(record)
-        response = await original_infer(self, request)
+        response = await original_infer(self, *args)
         record["returned"] = now()
-        if response.status == 200:
+        if (response[0] if lean else response.status) == 200:
             records.append(record)
         return response
 
@@ -108,7 +112,7 @@ def _install(out: str) -> None:
                 in_batch.times["compute1"] = now()
         original_init(self, timed, *args, **kwargs)
 
-    http_server.V2Routes.infer = infer
+    setattr(http_server.V2Routes, "answer_infer" if lean else "infer", infer)
     http_server.read_body = read_body
     http_server.v2.decode_request = decode_request
     batcher_module.Batcher._pending = pending

@@ -41,6 +41,26 @@ class OnnxRuntimeBackend(Backend):
             raise RuntimeError("OnnxRuntimeBackend.run() called before load()")
         return dict(zip(self._output_names, self._session.run(self._output_names, inputs)))
 
+    def run_into(self, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Like run(), but the outputs named in `outputs` are written into those arrays (C-contiguous, exactly
+        the output's shape and dtype) instead of new ones: the generator's decode step keeps its KV cache in
+        buffers it reuses (generation.py). Returns the other outputs."""
+        if self._session is None:
+            raise RuntimeError("OnnxRuntimeBackend.run_into() called before load()")
+        binding = self._session.io_binding()
+        for name, array in inputs.items():
+            binding.bind_cpu_input(name, array)
+        rest = [name for name in self._output_names if name not in outputs]
+        for name in self._output_names:
+            if name in outputs:
+                array = outputs[name]
+                binding.bind_output(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+            else:
+                binding.bind_output(name, "cpu")
+        self._session.run_with_iobinding(binding)
+        values = binding.get_outputs()
+        return {name: values[self._output_names.index(name)].numpy() for name in rest}
+
     def describe(self) -> str:
         providers = self._session.get_providers() if self._session else []
         return f"onnxruntime providers={','.join(providers)} intra_op_threads={self.threads}"

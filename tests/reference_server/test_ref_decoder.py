@@ -29,9 +29,14 @@ def model_path(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def run(model_path):
+def backend(model_path) -> OnnxRuntimeBackend:
     backend = OnnxRuntimeBackend(model_path, threads=1)
     backend.load()
+    return backend
+
+
+@pytest.fixture(scope="module")
+def run(backend):
     return backend.run
 
 
@@ -152,11 +157,14 @@ async def collect(generation) -> list[int]:
     return tokens
 
 
-def test_generator_batches_sequences_and_matches_running_them_alone(run):
+@pytest.mark.parametrize("into", [False, True], ids=["new-arrays", "run-into"])
+def test_generator_batches_sequences_and_matches_running_them_alone(backend, run, into):
+    """Also with the decode steps writing the cache into the batch's reused buffers (run_into, as the server
+    runs): rows joining, leaving (the last row moved into the hole) and trimmed change no token."""
     lengths = [12, 3, 20, 7]
     expected = [greedy_alone(run, p, n) for p, n in zip(PROMPTS, lengths)]
     recorder = Recorder()
-    generator = make_generator(run, recorder)
+    generator = make_generator(run, recorder, run_into=backend.run_into if into else None)
 
     async def main():
         together = [generator.submit(p, n) for p, n in zip(PROMPTS[:2], lengths[:2])]
@@ -180,7 +188,8 @@ def test_generator_batches_sequences_and_matches_running_them_alone(run):
     assert generator.active() == 0 and generator.waiting() == 0
 
 
-def test_a_cost_factor_takes_that_many_runs_per_token_and_changes_no_token(run):
+@pytest.mark.parametrize("into", [False, True], ids=["new-arrays", "run-into"])
+def test_a_cost_factor_takes_that_many_runs_per_token_and_changes_no_token(backend, run, into):
     """An adapter's factor f (generation.py, cost factors): alone, n tokens take ceil(f) prefill runs and, in
     the decode batch, f steps per token after the first (the credit the prefill left over carried on); mixed
     in one batch with others (factors 3, 1.5 and 1), every sequence still gets exactly the tokens it gets alone."""
@@ -206,7 +215,7 @@ def test_a_cost_factor_takes_that_many_runs_per_token_and_changes_no_token(run):
     assert (len(recorder.prefills), len(recorder.steps)) == (2, 12)
 
     recorder = Recorder()
-    generator = make_generator(run, recorder)
+    generator = make_generator(run, recorder, run_into=backend.run_into if into else None)
 
     async def mixed():
         generations = [generator.submit(p, n, factor=f) for p, n, f in zip(PROMPTS, lengths, (3, 1.5, 1))]

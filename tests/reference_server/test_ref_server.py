@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import statistics
 import threading
 import time
@@ -254,3 +255,137 @@ def test_sigterm_lets_in_flight_requests_finish(cache, tmp_path):
     # `running` sent SIGTERM and checked exit status 0; the request still got its answer.
     client.join(10)
     assert answer and answer[0][0] == 200
+
+
+# --- the lean infer path (reference_server/infer_path.py) and aiohttp on one connection ----------------
+
+def _read_answer(stream) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 answer with a Content-Length from a socket's file: (status, headers by lower-case name, body)."""
+    status = int(stream.readline().split(b" ", 2)[1])
+    headers = {}
+    while (line := stream.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers, stream.read(int(headers["content-length"]))
+
+
+def _raw_requests(server: Server, data: bytes, answers: int) -> list[tuple[int, dict[str, str], bytes]]:
+    """`data` written at once on one keep-alive connection; the first `answers` answers, in order."""
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock, sock.makefile("rb") as stream:
+        sock.sendall(data)
+        return [_read_answer(stream) for _ in range(answers)]
+
+
+def _infer_bytes(body: bytes, model: str = MODEL, extra: bytes = b"") -> bytes:
+    return (b"POST /v2/models/%s/infer HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n%s"
+            b"Content-Length: %d\r\n\r\n%s" % (model.encode(), extra, len(body), body))
+
+
+def _same_answer(lean: tuple[int, dict[str, str], bytes], other: tuple[int, dict[str, str], bytes]) -> None:
+    """Two answers to the same request are the same: status, body, and every header but the clock's."""
+    assert lean[0] == other[0] and lean[2] == other[2]
+    varying = {"date", "server-timing"}
+    assert {k: v for k, v in lean[1].items() if k not in varying} == \
+        {k: v for k, v in other[1].items() if k not in varying}
+    assert ("server-timing" in lean[1]) == ("server-timing" in other[1])
+
+
+def test_pipelined_requests_are_answered_in_order_and_the_same_by_the_lean_path_and_aiohttp(server):
+    """Infer requests start on the lean path; the first other request on a connection goes to aiohttp with every
+    byte after it. Six requests written at once (infer, unknown model, infer, GET, infer, unknown model) get
+    their answers in order, and each infer or 404 answered by aiohttp after the hand-over equals the lean
+    path's answer to the same request in status, body and headers (Date and Server-Timing values aside)."""
+    body = json_body(*token_inputs(rows=1, seq=8))
+    infer, unknown = _infer_bytes(body), _infer_bytes(body, model="nope")
+    ready = b"GET /v2/health/ready HTTP/1.1\r\nHost: t\r\n\r\n"
+    answers = _raw_requests(server, infer + unknown + infer + ready + infer + unknown, 6)
+    assert [a[0] for a in answers] == [200, 404, 200, 200, 200, 404]
+    assert "'nope'" in json.loads(answers[1][2])["error"]
+    assert answers[0][1]["content-type"] == "application/json" and answers[0][1]["x-replica-id"]
+    assert set(server_timing(answers[0][1]["server-timing"])) == {"queue", "deser", "compute", "ser", "batch"}
+    _same_answer(answers[0], answers[2])  # both lean
+    _same_answer(answers[0], answers[4])  # lean, then aiohttp's handler after the hand-over
+    _same_answer(answers[1], answers[5])
+    assert json.loads(answers[3][2]) == {"ready": True}
+
+
+def test_infer_requests_the_lean_path_leaves_to_aiohttp_get_the_same_answers(server):
+    """A chunked body, a gzip body, an HTTP/1.0 request and a percent-encoded model name are aiohttp's to
+    read; each is answered as the lean path answers the plain request (binary tensors in and out)."""
+    import gzip
+
+    body, headers = binary_body(*token_inputs(rows=1, seq=8, seed=3), **BINARY_OUT)
+    extra = b"Inference-Header-Content-Length: %s\r\n" % headers["Inference-Header-Content-Length"].encode()
+    (lean,) = _raw_requests(server, _infer_bytes(body, extra=extra), 1)
+    assert lean[0] == 200 and lean[1]["content-type"] == "application/octet-stream"
+    chunked = (b"POST /v2/models/%s/infer HTTP/1.1\r\nHost: t\r\n%sTransfer-Encoding: chunked\r\n\r\n"
+               b"%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n" % (MODEL.encode(), extra, 10, body[:10], len(body) - 10, body[10:]))
+    packed = gzip.compress(body)
+    zipped = _infer_bytes(packed, extra=extra + b"Content-Encoding: gzip\r\n")
+    escaped = _infer_bytes(body, model="%65ncoder", extra=extra)
+    http10 = _infer_bytes(body, extra=extra).replace(b"HTTP/1.1", b"HTTP/1.0", 1)
+    for request in (chunked, zipped, escaped):
+        _same_answer(lean, _raw_requests(server, request, 1)[0])
+    (old,) = _raw_requests(server, http10, 1)  # HTTP/1.0 without keep-alive: closed after, says nothing more
+    assert old[0] == 200 and old[2] == lean[2]
+
+
+async def _answer(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0])
+    return int(head.split(b" ", 2)[1]), await reader.readexactly(length)
+
+
+def test_infer_connections_reach_aiohttp_only_from_their_first_other_request(tmp_path):
+    """InferSite (reference_server/infer_path.py), in process on the identity model: a keep-alive connection
+    that sends only infer requests never reaches aiohttp (its server holds no connection), and the first
+    other request hands the connection to aiohttp at that request's first byte; the infer request written
+    with it in the same packet is then answered by aiohttp, with the same values."""
+    from aiohttp import web
+
+    from reference_server.backends.onnxruntime import OnnxRuntimeBackend
+    from reference_server.batcher import Batcher
+    from reference_server.http_server import ServedModel, make_app
+    from reference_server.infer_path import InferSite
+    from reference_server.metrics import Metrics
+    from reference_server.model import IdentityConfig, cached_identity
+
+    backend = OnnxRuntimeBackend(cached_identity(IdentityConfig(), tmp_path)[0], 1)
+    backend.load()
+    x = np.arange(HIDDEN, dtype=np.float32).reshape(1, HIDDEN) / 7
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1, HIDDEN], "datatype": "FP32",
+                                   "data": x.ravel().tolist()}]}).encode()
+    infer = (b"POST /v2/models/identity/infer HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    async def main() -> None:
+        batcher = Batcher(backend.run, backend.signature, max_batch_size=8, max_queue_delay_us=0, max_queue=16)
+        app = make_app(ServedModel("identity", backend.platform, backend.signature, batcher), Metrics(),
+                       max_body_bytes=1 << 20, extra_latency_ms=0)
+        runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        await runner.setup()
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        site = InferSite(runner, sock, drain_timeout=5)
+        batcher.start()
+        await site.start()
+        try:
+            reader, writer = await asyncio.open_connection(*sock.getsockname())
+            answers = []
+            for _ in range(3):
+                writer.write(infer)
+                answers.append(await _answer(reader))
+            assert runner.server.connections == [] and len(site.connections) == 1
+            writer.write(b"GET /v2/health/ready HTTP/1.1\r\nHost: t\r\n\r\n" + infer)
+            answers += [await _answer(reader), await _answer(reader)]
+            assert len(runner.server.connections) == 1 and not site.connections
+            assert [status for status, _ in answers] == [200] * 5 and json.loads(answers[3][1]) == {"ready": True}
+            for _, answer in answers[:3] + answers[4:]:
+                (out,) = json.loads(answer)["outputs"]
+                np.testing.assert_array_equal(np.array(out["data"], np.float32), x.ravel())
+            writer.close()
+        finally:
+            await runner.cleanup()
+            await asyncio.to_thread(batcher.stop)
+
+    asyncio.run(main())
