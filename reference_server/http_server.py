@@ -17,7 +17,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -53,11 +53,12 @@ class ServedModel:
 
 
 def _error(status: int, message: str, **headers: str) -> web.Response:
-    return web.json_response({"error": message}, status=status, headers=headers)
+    _, body, answer_headers = error_answer(status, message, **headers)
+    return web.Response(status=status, body=body, headers=answer_headers)
 
 
 def error_answer(status: int, message: str, **headers: str) -> Answer:
-    """`_error`'s answer as bytes: the body and Content-Type web.json_response writes for the same message."""
+    """An error's answer as bytes, for both HTTP paths: the body and Content-Type web.json_response writes."""
     return status, json.dumps({"error": message}).encode(), {"Content-Type": JSON_ERROR_TYPE, **headers}
 
 
@@ -159,11 +160,6 @@ INFER_ROUTES = web.AppKey("infer_routes", V2Routes)  # for infer_path.InferSite,
 def _observe(metrics: Metrics, replica_id: str) -> Middleware:
     """Count and time every request, turn aiohttp's own HTTP errors (404 route, 405) into JSON, tag the replica."""
 
-    # Label lookups once per (endpoint, status): prometheus_client's labels() validates and locks each call.
-    # Both key sets are bounded: endpoints are the routes' canonical names (or "unmatched"), statuses codes.
-    counters: dict[tuple[str, int], Any] = {}
-    durations: dict[str, Any] = {}
-
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         resource = request.match_info.route.resource
@@ -184,13 +180,7 @@ def _observe(metrics: Metrics, replica_id: str) -> Middleware:
         finally:
             metrics.in_flight.dec()
         response.headers["X-Replica-Id"] = replica_id
-        key = (endpoint, response.status)
-        if (counter := counters.get(key)) is None:
-            counter = counters[key] = metrics.requests.labels(endpoint, str(response.status))
-        counter.inc()
-        if (duration := durations.get(endpoint)) is None:
-            duration = durations[endpoint] = metrics.request_seconds.labels(endpoint)
-        duration.observe(time.perf_counter() - started)
+        metrics.on_request(endpoint, response.status, time.perf_counter() - started)
         return response
 
     return middleware

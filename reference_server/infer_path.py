@@ -256,7 +256,7 @@ class InferSite(web.BaseSite):
     the connections handed over."""
 
     __slots__ = ("_sock", "_name", "routes", "connections", "aiohttp_server", "max_body_bytes", "in_flight",
-                 "replica_line", "_counters", "_seconds", "_drain_timeout", "_sweeper")
+                 "replica_line", "_drain_timeout", "_sweeper")
 
     def __init__(self, runner: web.BaseRunner, sock: Any, *, drain_timeout: float) -> None:
         super().__init__(runner)
@@ -268,11 +268,8 @@ class InferSite(web.BaseSite):
         self.routes: V2Routes = app[INFER_ROUTES]
         self.aiohttp_server = runner.server
         self.max_body_bytes = self.routes.max_body_bytes
-        metrics = self.routes.metrics
-        self.in_flight = metrics.in_flight
+        self.in_flight = self.routes.metrics.in_flight
         self.replica_line = f"X-Replica-Id: {app[REPLICA_ID]}\r\n"
-        self._counters: dict[int, Any] = {}
-        self._seconds = metrics.request_seconds.labels(INFER_ENDPOINT)
         self.connections: set[InferConnection] = set()
         self._drain_timeout = drain_timeout
         self._sweeper: asyncio.Task | None = None
@@ -282,12 +279,8 @@ class InferSite(web.BaseSite):
         return self._name
 
     def count(self, status: int, seconds: float) -> None:
-        """The middleware's two metrics for one infer request, label lookups done once per status."""
-        counter = self._counters.get(status)
-        if counter is None:
-            counter = self._counters[status] = self.routes.metrics.requests.labels(INFER_ENDPOINT, str(status))
-        counter.inc()
-        self._seconds.observe(seconds)
+        """The middleware's two metrics for one infer request."""
+        self.routes.metrics.on_request(INFER_ENDPOINT, status, seconds)
 
     async def start(self) -> None:
         await super().start()

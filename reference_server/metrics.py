@@ -90,6 +90,8 @@ class Metrics:
         self.batch_size = Histogram(f"{PREFIX}_batch_size", "Rows per backend run", buckets=BATCH_BUCKETS,
                                     registry=r)
         self.in_flight = Gauge(f"{PREFIX}_in_flight_requests", "HTTP requests being handled", registry=r)
+        self._request_counters: dict[tuple[str, int], Counter] = {}  # on_request's label children
+        self._request_durations: dict[str, Histogram] = {}
         self.model_load_seconds = Gauge(f"{PREFIX}_model_load_seconds", "Time to load the model into its backend",
                                         ["model", "backend"], registry=r)
         # Cold starts (lifecycle.py): how and when the model got loaded, warmed up, unloaded; when this replica was ready.
@@ -143,6 +145,19 @@ class Metrics:
         gpus = gpu_collector()  # None (and a log line) without an NVIDIA GPU
         if gpus is not None:
             r.register(gpus)
+
+    def on_request(self, endpoint: str, status: int, seconds: float) -> None:
+        """One HTTP request answered (both HTTP paths call it). Label children are looked up once per (endpoint,
+        status): prometheus_client's labels() validates and locks on every call. Both key sets are bounded:
+        endpoints are the routes' canonical names (or "unmatched"), statuses are codes."""
+        counter = self._request_counters.get((endpoint, status))
+        if counter is None:
+            counter = self._request_counters[endpoint, status] = self.requests.labels(endpoint, str(status))
+        counter.inc()
+        duration = self._request_durations.get(endpoint)
+        if duration is None:
+            duration = self._request_durations[endpoint] = self.request_seconds.labels(endpoint)
+        duration.observe(seconds)
 
     def on_batch(self, rows: int, compute_ns: int) -> None:
         """Batcher observer: one call per backend run, from the inference thread."""
