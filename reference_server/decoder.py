@@ -5,16 +5,30 @@ the server needs no download and every run measures the same graph: the arithmet
 decode is real (token + learned position embeddings, pre-LayerNorm blocks of causal multi-head
 self-attention and a GELU FFN, a final LayerNorm and an LM head), the text it produces means nothing.
 
-One graph serves both phases:
+Two graphs, the same weights. The *prefill* graph computes any number of new tokens against a past:
   inputs   input_ids       int64 [batch, sequence]          new tokens (the prompt, or 1 when decoding)
            position_ids    int64 [batch, sequence]          their positions (taken modulo max_context)
            attention_mask  int64 [batch, total_sequence]    1 = attend, 0 = padding; total = past + sequence
            past_key_i, past_value_i  float32 [batch, heads, past_sequence, head_dim], per layer i
   outputs  logits          float32 [batch, vocab]           for the *last* new position only
            present_key_i, present_value_i  float32 [batch, heads, total_sequence, head_dim]
-Prefill feeds empty past tensors (past_sequence = 0); decode feeds one token and the previous
-presents. New tokens attend to every unmasked past position and causally to each other. Only the
-last position's logits are computed, so callers that pad a batch must pad on the *left*.
+A prompt feeds empty past tensors (past_sequence = 0), a later chunk the presents of the earlier ones. New
+tokens attend to every unmasked past position and causally to each other. Only the last position's logits
+are computed, so callers that pad a batch must pad on the *left*.
+
+The *decode step* graph (build_decode_step) gives each row one token, its KV cache updated in place:
+  inputs   input_ids, position_ids  int64 [batch, 1]
+           seqlens_k               int32 [batch]                 tokens already in each row's cache
+           total_sequence_length   int32 scalar                  max(seqlens_k) + 1
+           past_key_i, past_value_i  float32 [batch, heads, capacity, head_dim]: row b's tokens in its first
+                                   seqlens_k[b] columns, in position order; the columns after are not read
+  outputs  logits, and present_key_i, present_value_i bound to the very buffers of the pasts
+Its attention is ONNX Runtime's GroupQueryAttention (com.microsoft; as many key/value heads as query heads):
+with past and present in one buffer it writes each row's new key and value at column seqlens_k[b] and
+attends to that row's own seqlens_k[b] + 1 columns. Why a second graph: the prefill graph's Concat writes
+the whole cache anew every step, padded to the batch's longest row, which cost a decode step 20-40 % at the
+widths continuous batching runs at (benchmarks/RESULTS.md, issue 34); this one touches one column per row
+and attends to each row's own length. The two agree to float rounding (tests/reference_server/test_ref_decoder.py).
 """
 
 from __future__ import annotations
@@ -28,9 +42,10 @@ from onnx import TensorProto, helper
 
 from reference_server.model import _Graph, cached_model, finish_model
 
-# Bump when the graph built below changes, so caches keyed on the parameters are not reused wrongly.
+# Bump when the graphs built below change, so caches keyed on the parameters are not reused wrongly.
 BUILD_VERSION = 1
-BATCH, SEQUENCE, PAST, TOTAL = "batch", "sequence", "past_sequence", "total_sequence"
+STEP_BUILD_VERSION = 1
+BATCH, SEQUENCE, PAST, TOTAL, CAPACITY = "batch", "sequence", "past_sequence", "total_sequence", "capacity"
 NEG_INF = -1e9  # additive attention bias for masked positions: exp() underflows to exactly 0
 
 
@@ -87,9 +102,18 @@ def _attention_bias(g: _Graph) -> str:
     return g.op("Add", padding, causal)  # [B, 1, 1, T] + [S, T] -> [B, 1, S, T]
 
 
-def _self_attention(g: _Graph, x: str, bias: str, layer: int, cfg: DecoderConfig) -> str:
+def _self_attention(g: _Graph, x: str, bias: str | None, layer: int, cfg: DecoderConfig) -> str:
+    """One attention block; `bias` None: the decode step's in-place GroupQueryAttention (module docstring)."""
     h, d = cfg.heads, cfg.head_dim
     qkv = g.linear(x, cfg.hidden, 3 * cfg.hidden)  # one MatMul for q, k and v
+    if bias is None:
+        out = g._name("attention")
+        g.nodes.append(helper.make_node(
+            "GroupQueryAttention", [*_split3(g, qkv, cfg.hidden), f"past_key_{layer}", f"past_value_{layer}",
+                                    "seqlens_k", "total_sequence_length"],
+            [out, f"present_key_{layer}", f"present_value_{layer}"], domain="com.microsoft", num_heads=h,
+            kv_num_heads=h))
+        return g.linear(out, cfg.hidden, cfg.hidden)
     split_heads = g.const(np.array([0, 0, h, d], np.int64))  # 0 keeps batch and sequence
     q, k, v = (g.op("Transpose", g.op("Reshape", part, split_heads), perm=[0, 2, 1, 3])  # [B, H, S, D]
                for part in _split3(g, qkv, cfg.hidden))
@@ -110,7 +134,17 @@ def _split3(g: _Graph, x: str, width: int) -> tuple[str, str, str]:
 
 
 def build_decoder(cfg: DecoderConfig) -> onnx.ModelProto:
-    """The decoder graph described in the module docstring."""
+    """The prefill graph described in the module docstring."""
+    return _build(cfg, step=False)
+
+
+def build_decode_step(cfg: DecoderConfig) -> onnx.ModelProto:
+    """The decode step graph described in the module docstring: the prefill graph's weights (drawn in the same
+    order from the same seed), GroupQueryAttention in place of the Concat and the explicit attention."""
+    return _build(cfg, step=True)
+
+
+def _build(cfg: DecoderConfig, step: bool) -> onnx.ModelProto:
     if cfg.hidden % cfg.heads:
         raise ValueError(f"hidden size {cfg.hidden} is not divisible by {cfg.heads} heads")
     g = _Graph(cfg.seed)
@@ -119,7 +153,7 @@ def build_decoder(cfg: DecoderConfig) -> onnx.ModelProto:
     positions = g.op("Mod", "position_ids", g.const(np.array(cfg.max_context, np.int64)), fmod=0)
     x = g.op("Add", g.op("Gather", g.random(cfg.vocab, cfg.hidden), ids),
              g.op("Gather", g.random(cfg.max_context, cfg.hidden), positions))  # [B, S, hidden]
-    bias = _attention_bias(g)
+    bias = None if step else _attention_bias(g)
 
     for layer in range(cfg.layers):  # pre-LayerNorm blocks (GPT-2 style)
         x = g.op("Add", x, _self_attention(g, g.layer_norm(x, cfg.hidden), bias, layer, cfg))
@@ -129,25 +163,35 @@ def build_decoder(cfg: DecoderConfig) -> onnx.ModelProto:
     last = g.op("Gather", g.layer_norm(x, cfg.hidden), g.const(np.array(-1, np.int64)), axis=1)  # [B, hidden]
     _named(g, "MatMul", [last, g.random(cfg.hidden, cfg.vocab)], "logits")  # untied LM head
 
-    cache_in = [BATCH, cfg.heads, PAST, cfg.head_dim]
-    cache_out = [BATCH, cfg.heads, TOTAL, cfg.head_dim]
+    past, total = (CAPACITY, CAPACITY) if step else (PAST, TOTAL)
+    cache_in = [BATCH, cfg.heads, past, cfg.head_dim]
+    cache_out = [BATCH, cfg.heads, total, cfg.head_dim]
+    lengths = ([helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, [BATCH]),
+                helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, [])] if step else
+               [helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [BATCH, TOTAL])])
     graph = helper.make_graph(
-        g.nodes, "latscope_ref_decoder",
+        g.nodes, "latscope_ref_decode_step" if step else "latscope_ref_decoder",
         inputs=[helper.make_tensor_value_info("input_ids", TensorProto.INT64, [BATCH, SEQUENCE]),
                 helper.make_tensor_value_info("position_ids", TensorProto.INT64, [BATCH, SEQUENCE]),
-                helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [BATCH, TOTAL]),
+                *lengths,
                 *(helper.make_tensor_value_info(n, TensorProto.FLOAT, cache_in) for n in past_names(cfg.layers))],
         outputs=[helper.make_tensor_value_info("logits", TensorProto.FLOAT, [BATCH, cfg.vocab]),
                  *(helper.make_tensor_value_info(n, TensorProto.FLOAT, cache_out)
                    for n in present_names(cfg.layers))],
         initializer=g.weights,
     )
-    return finish_model(graph, TOTAL, cfg.max_context, cfg)
+    return finish_model(graph, total, cfg.max_context, cfg, extra_domains=("com.microsoft",) if step else ())
 
 
 def cached_decoder(cfg: DecoderConfig, cache_dir: Path) -> tuple[Path, bool]:
-    """Path of the decoder for `cfg` in `cache_dir`, building it when absent; also whether it was reused."""
+    """Path of the decoder (prefill graph) for `cfg` in `cache_dir`, building it when absent; also whether it
+    was reused."""
     return cached_model("decoder", cfg, BUILD_VERSION, lambda: build_decoder(cfg), cache_dir)
+
+
+def cached_decode_step(cfg: DecoderConfig, cache_dir: Path) -> tuple[Path, bool]:
+    """As cached_decoder, for the decode step graph."""
+    return cached_model("decode-step", cfg, STEP_BUILD_VERSION, lambda: build_decode_step(cfg), cache_dir)
 
 
 def empty_cache(cfg: DecoderConfig, batch: int) -> dict[str, np.ndarray]:

@@ -19,7 +19,7 @@ The inference thread loops; one pass is one *iteration*:
    the row's past ends. A prompt's last chunk yields its sequence's first token, then its full blocks go
    into the prefix cache;
 3. merge the prompts that finished prefilling into the decode batch, then run one decode step for every
-   active sequence together.
+   active sequence together (the decode step graph, decoder.py: each row's cache updated in place).
 A sequence leaves the batch when it has `max_tokens` tokens (greedy argmax; there is no end-of-sequence
 token, so every answer is exactly max_tokens long) or when its client cancels it.
 
@@ -33,21 +33,16 @@ only when the credit reaches f (then f is taken off); the other runs are compute
 chunk of its prompt's prefill runs ceil(f) times back to back (its group holds only sequences of the same
 factor), and in the decode batch it keeps one step's result in f on average (exactly every f-th step for a
 whole f; 1.5: steps 1, 3, 4, 6, ... after a prefill that left 0.5): its time per token is f times the step
-time of the batch it decodes in, while the other rows still get a token every step. A thrown-away step's new
-KV column is removed from that row by shifting the row right by one column (a padding column comes in on the
-left), so the row's cache is exactly as before the step and the batch's width stays bounded.
+time of the batch it decodes in, while the other rows still get a token every step. A thrown-away step leaves
+the row's length as it was, so the key and value it wrote after the row's tokens are overwritten by the next.
 
-KV cache layout: the decode batch keeps, per layer, one key and one value array [rows, heads, T, head_dim]
-and an attention mask [rows, T]. Every row is **left-padded**: its real tokens are its last `length`
-columns (but for the gaps below), the columns before are padding with mask 0. A decode step appends one
-column to every row, so rows stay right-aligned; a row that joins is left-padded (or the batch is) to
-the wider of the two. With `run_into` (the server's ONNX Runtime io binding) a decode step writes its
-presents into one of two reused flat buffers per array in turn, the cache being their leading part, so a
-row that joins and is not wider is written after the others in place; otherwise the cache is copied into new
-arrays. A row that leaves is replaced by the batch's last row (one row copied, the arrays'
-leading rows stay one contiguous block, so nothing else moves); leading columns that no remaining row
-attends are cut off once they are at least a quarter of the width (the cut copies the whole cache, so it is
-paid once for many leaves; until then they cost attention over masked columns only).
+KV cache layout. A prefill run (the prefill graph) gives per layer one key and one value array [rows, heads,
+T, head_dim] and an attention mask [rows, T]; every row is **left-padded**: its real tokens are its last
+columns (but for the gaps below), the columns before are padding with mask 0. When a prompt's prefill is
+complete its row joins the decode batch (kv_batch.py), which keeps each row's tokens compactly, in position
+order, in the first `length` columns of reused arrays [rows, heads, capacity, head_dim]; a decode step (the
+decode step graph) writes each row's new key and value at column `length` in place and attends to that row's
+own columns only, so rows of different lengths cost what they hold, not the longest row's width.
 Positions are per row (0 … length-1), so padding never shifts them, and the graph's last-position
 logits are each row's own.
 A prefill with a past (cached blocks, earlier chunks) feeds it as past and the rest of the chunk as new
@@ -56,7 +51,7 @@ tokens, a shorter row comes out as [past][padding][new] and keeps that gap while
 and decodes: attention does not depend on the order of the columns (positions travel in the keys), and
 masked columns get exactly zero weight (exp of -1e9 underflows), so cached or not, chunked or not, padded or
 not, a sequence gets the same tokens. A prompt's token at position p is in the p-th attended column of its
-row, which is where its prefix-cache blocks are read from.
+row, which is where its prefix-cache blocks are read from, and where the decode batch takes its keys from.
 """
 
 from __future__ import annotations
@@ -81,7 +76,8 @@ log = logging.getLogger(__name__)
 
 RunFn = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 RunIntoFn = Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], dict[str, np.ndarray]]
-"""Like RunFn, but writes the outputs named in its second argument into those arrays; returns the others."""
+"""Like RunFn, but writes the outputs named in its second argument into those arrays; returns the others. The
+decode step graph's (decoder.py), its presents bound to the very arrays fed as its pasts."""
 PrefillObserver = Callable[[int, int, int], None]
 """Called from the inference thread after each prefill run with (rows, padded tokens, compute ns)."""
 StepObserver = Callable[[int, int], None]
@@ -211,15 +207,15 @@ def _past_width(g: Generation) -> int:
 
 
 class Generator:
-    def __init__(self, run: RunFn, config: DecoderConfig, *, max_sequences: int, max_waiting: int,
+    def __init__(self, run: RunFn, step: RunIntoFn, config: DecoderConfig, *, max_sequences: int, max_waiting: int,
                  max_prefill_tokens: int = MAX_PREFILL_TOKENS, on_prefill: PrefillObserver | None = None,
                  on_step: StepObserver | None = None, prefix_cache: PrefixCache | None = None,
-                 on_prompt: PromptObserver | None = None, on_tokens: TokenObserver | None = None,
-                 run_into: RunIntoFn | None = None) -> None:
+                 on_prompt: PromptObserver | None = None, on_tokens: TokenObserver | None = None) -> None:
+        """`run`: the prefill graph's; `step`: the decode step graph's, run in place (decoder.py)."""
         if max_sequences < 1 or max_waiting < 1 or max_prefill_tokens < 1:
             raise ValueError("max_sequences, max_waiting and max_prefill_tokens must be >= 1")
         self._run_fn = run
-        self._run_into = run_into  # decode steps write their presents into the batch's arena (DecodeBatch)
+        self._step = step
         self.config = config
         self.max_sequences = max_sequences
         self.max_waiting = max_waiting
@@ -288,7 +284,8 @@ class Generator:
     # --- inference thread ------------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        batch = DecodeBatch()
+        cfg = self.config
+        batch = DecodeBatch(cfg.layers, cfg.heads, cfg.head_dim, self.max_sequences, cfg.max_context)
         try:
             while True:
                 planned = self._plan(len(batch))
@@ -462,54 +459,34 @@ class Generator:
             self.prefix_cache.insert(g._keys or [], block)
 
     def _decode(self, batch: DecodeBatch) -> None:
-        rows = len(batch)
-        mask = np.concatenate([batch.mask, np.ones((rows, 1), np.int64)], axis=1)
+        rows, lengths = len(batch), batch.lengths()
+        batch.reserve(int(lengths.max()) + 1)  # every row's new column fits
+        cache = batch.cache()
         inputs = {"input_ids": np.array([[g._next] for g in batch.rows], np.int64),
-                  "position_ids": np.array([[g._length] for g in batch.rows], np.int64),
-                  "attention_mask": mask, **dict(zip(self._past, batch.cache))}
+                  "position_ids": lengths[:, None].astype(np.int64), "seqlens_k": lengths,
+                  "total_sequence_length": np.array(lengths.max() + 1, np.int32), **dict(zip(self._past, cache))}
         start = time.perf_counter_ns()
         try:
-            if self._run_into is None:
-                outputs, home = self._run_fn(inputs), None
-            else:
-                cfg = self.config
-                home, presents = batch.spare((rows, cfg.heads, mask.shape[1], cfg.head_dim), len(self._present))
-                outputs = {**self._run_into(inputs, dict(zip(self._present, presents))),
-                           **dict(zip(self._present, presents))}
-        except Exception as exc:  # noqa: BLE001 - a failed step leaves no usable cache: fail its sequences
+            logits = self._step(inputs, dict(zip(self._present, cache)))["logits"]
+        except Exception as exc:  # noqa: BLE001 - fail these sequences, keep serving the others
             log.warning("decode step of %d sequences failed: %s", rows, exc)
             self._fail(batch.rows, GenerationFailed(f"decode step failed: {exc}"))
-            batch.clear()
+            batch.rows.clear()
             return
         end = time.perf_counter_ns()
         if self._on_step:
             self._on_step(rows, end - start)
-        batch.cache = [outputs[name] for name in self._present]
-        batch.mask, batch.home = mask, home
         kept = []
         for i, g in enumerate(batch.rows):
             g._credit += 1
-            if g._credit >= g.factor:
+            if g._credit >= g.factor:  # else the step is thrown away: the row's length stays (module docstring)
                 g._credit -= g.factor
                 g._length += 1
                 kept.append(i)
-        token_ids = outputs["logits"].argmax(axis=-1)
+        token_ids = logits.argmax(axis=-1)
         if len(kept) < rows:
-            self._throw_away(batch, sorted(set(range(rows)).difference(kept)))
             token_ids = token_ids[kept]
         self._emit([batch.rows[i] for i in kept], token_ids, end)
-
-    @staticmethod
-    def _throw_away(batch: DecodeBatch, rows: list[int]) -> None:
-        """Undo the last step for `rows` (their cost factor's extra runs): each row's new last column goes, the row
-        shifts right by one with a padding column coming in on the left; then unattended leading columns may go."""
-        index = np.array(rows)
-        for a in batch.cache:  # [rows, heads, T, head_dim]
-            a[index, :, 1:] = a[index, :, :-1]
-            a[index, :, 0] = 0
-        batch.mask[index, 1:] = batch.mask[index, :-1]
-        batch.mask[index, 0] = 0
-        batch.trim()
 
     def _emit(self, rows: list[Generation], token_ids: np.ndarray, now_ns: int) -> None:
         """Record one new token per row and hand them to their event loops, one wake-up per loop."""
@@ -543,12 +520,11 @@ class Generator:
                 pass
 
 
-def warm_up(run: RunFn, config: DecoderConfig) -> None:
+def warm_up(run: RunFn, step: RunIntoFn, config: DecoderConfig) -> None:
     """One small prefill and one decode step, so the first request does not pay for ONNX Runtime's first runs."""
     ids = np.arange(8, dtype=np.int64)[None]
-    outputs = run({"input_ids": ids, "position_ids": ids, "attention_mask": np.ones_like(ids),
-                   **empty_cache(config, 1)})
-    past = present_names(config.layers)
-    run({"input_ids": np.zeros((1, 1), np.int64), "position_ids": np.full((1, 1), 8, np.int64),
-         "attention_mask": np.ones((1, 9), np.int64),
-         **{name: outputs[p] for name, p in zip(past_names(config.layers), past)}})
+    run({"input_ids": ids, "position_ids": ids, "attention_mask": np.ones_like(ids), **empty_cache(config, 1)})
+    cache = [np.zeros((1, config.heads, 16, config.head_dim), np.float32) for _ in past_names(config.layers)]
+    step({"input_ids": np.zeros((1, 1), np.int64), "position_ids": np.full((1, 1), 8, np.int64),
+          "seqlens_k": np.array([8], np.int32), "total_sequence_length": np.array(9, np.int32),
+          **dict(zip(past_names(config.layers), cache))}, dict(zip(present_names(config.layers), cache)))

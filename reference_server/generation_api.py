@@ -13,7 +13,7 @@ from aiohttp import web
 
 from reference_server import messages_api, openai_api, responses_api
 from reference_server.backends.onnxruntime import OnnxRuntimeBackend
-from reference_server.decoder import DecoderConfig, cached_decoder
+from reference_server.decoder import DecoderConfig, cached_decode_step, cached_decoder
 from reference_server.errors import StartupError
 from reference_server.generation import Generator, warm_up
 from reference_server.http_server import REPLICA_ID
@@ -37,24 +37,27 @@ def mount_generator(app: web.Application, config: ServerConfig, metrics: Metrics
         raise StartupError(f"--adapter {config.generator_name}=…: that is the decoder's own name (--generator-name)")
     decoder = DecoderConfig() if config.decoder_layers is None else DecoderConfig(layers=config.decoder_layers)
     started = time.perf_counter()
-    path, reused = cached_decoder(decoder, config.cache_dir.expanduser() / "decoder")  # beside the encoder's file
-    log.info("generator %s: built-in decoder, %d layers, hidden %d, context %d, %s %s in %.2f s",
-             config.generator_name, decoder.layers, decoder.hidden, decoder.max_context,
+    cache_dir = config.cache_dir.expanduser() / "decoder"  # beside the encoder's file
+    path, reused = cached_decoder(decoder, cache_dir)
+    step_path, _ = cached_decode_step(decoder, cache_dir)  # the same weights; built or reused with it
+    log.info("generator %s: built-in decoder, %d layers, hidden %d, context %d, %s %s (and its decode step graph) "
+             "in %.2f s", config.generator_name, decoder.layers, decoder.hidden, decoder.max_context,
              "reused cached" if reused else "built", path, time.perf_counter() - started)
     started = time.perf_counter()
     try:
-        backend = OnnxRuntimeBackend(path, config.threads)
+        backend, step = OnnxRuntimeBackend(path, config.threads), OnnxRuntimeBackend(step_path, config.threads)
         backend.load()
+        step.load()
         load_s = time.perf_counter() - started
-        warm_up(backend.run, decoder)
+        warm_up(backend.run, step.run_into, decoder)
     except Exception as exc:  # noqa: BLE001 - onnx/onnxruntime raise many types; name the file and stop
-        raise StartupError(f"onnxruntime cannot load the decoder {path}: {exc}") from None
+        raise StartupError(f"onnxruntime cannot load the decoder {path} or {step_path.name}: {exc}") from None
     metrics.model_load_seconds.labels(config.generator_name, backend.name).set(load_s)
     log.info("generator %s: %s; loaded in %.2f s, warmed up in %.3f s", config.generator_name, backend.describe(),
              load_s, time.perf_counter() - started - load_s)
     prefix_cache = PrefixCache(config.prefix_cache_mb * 2**20, on_evict=metrics.prefix_cache_evictions.inc)
-    generator = Generator(backend.run, decoder, max_sequences=config.max_sequences, max_waiting=config.max_queue,
-                          max_prefill_tokens=config.max_prefill_tokens, run_into=backend.run_into,
+    generator = Generator(backend.run, step.run_into, decoder, max_sequences=config.max_sequences,
+                          max_waiting=config.max_queue, max_prefill_tokens=config.max_prefill_tokens,
                           on_prefill=metrics.on_prefill, on_step=metrics.on_decode_step, prefix_cache=prefix_cache,
                           on_prompt=metrics.on_prompt, on_tokens=metrics.on_tokens)
     metrics.active_sequences.set_function(generator.active)

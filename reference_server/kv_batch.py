@@ -1,123 +1,91 @@
-"""The decoder's decode batch (generation.py): its rows, their KV cache and attention mask, kept in reused
-buffers.
+"""The decoder's decode batch (generation.py): its rows and their KV cache, which the decode step updates in place.
 
-Layout (generation.py's docstring states it in full): per layer one key and one value array [rows, heads, T,
-head_dim] and a mask [rows, T]; every row left-padded, its real tokens its last columns. Why reused buffers:
-on this kind of VM first-touching fresh memory costs a page fault per page (the host takes free pages back),
-and copying the whole cache into new arrays whenever a row joined or left was ~40 % of the inference thread's
-CPU at 40 req/s (benchmarks/RESULTS.md, issue 34).
+Layout (the decode step graph's, decoder.py): per past name one array [rows, heads, capacity, head_dim]; row i's
+tokens are its first `lengths[i]` columns, in position order, and a decode step writes its new key and value at
+column lengths[i] of the same array (GroupQueryAttention with past and present in one buffer). So a step copies
+nothing and attends to each row's own length, a joining row is written once, a leaving row is replaced by the
+last one (its own columns copied). The arrays have a row for every sequence the generator may run from the start
+(their pages are touched as rows are first used), and are reallocated only to grow in columns, twice as many,
+never shrunk: fresh memory costs a page fault per page on first touch, slow on this kind of VM (the host takes
+free pages back), and a reallocation touches all the pages the rows use at once (growing by rows mid-run
+stalled every stream ~150 ms at 55 req/s); reused memory costs nothing (benchmarks/RESULTS.md, issue 34).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable
 
 import numpy as np
 
 Row = Any  # a generation.Generation: not imported, generation.py imports this module
-
-
-def _left_pad(a: np.ndarray, width: int, axis: int) -> np.ndarray:
-    missing = width - a.shape[axis]
-    if missing == 0:
-        return a
-    pad = [(0, 0)] * a.ndim
-    pad[axis] = (missing, 0)
-    return np.pad(a, pad)
+MIN_COLUMNS = 128  # the first allocation's
 
 
 class DecodeBatch:
-    """The decode batch: its rows' Generations, the KV cache (past_names order) and the attention mask.
-    The cache lives in two sets of reused flat buffers (`arena`; `home`: the set the cache is the leading part of,
-    None when it is in neither): with a RunIntoFn the decode steps write their presents into them in turn, so a
-    joining row is written after the others in place; a copy of the whole cache (a wider row joins, a cut) goes
-    into the other set, not into new memory."""
+    """The decode batch: its rows' Generations (row i's cache length is rows[i]._length) and the KV cache in
+    `buffers` (past_names order), of which `cache()` is the part the rows use."""
 
-    def __init__(self) -> None:
-        self.arena: list[list[np.ndarray]] = [[], []]
-        self.clear()
-
-    def clear(self) -> None:
+    def __init__(self, layers: int, heads: int, head_dim: int, max_rows: int, max_columns: int) -> None:
+        self.count, self.heads, self.head_dim = 2 * layers, heads, head_dim
+        self.max_rows, self.max_columns = max_rows, max_columns
         self.rows: list[Row] = []
-        self.cache: list[np.ndarray] = []
-        self.mask = np.zeros((0, 0), np.int64)
-        self.home: int | None = None
-
-    def spare(self, shape: tuple[int, ...], count: int) -> tuple[int, list[np.ndarray]]:
-        """The arena set the cache is not in, as `count` arrays of `shape`; grown by half again when too small and
-        never shrunk: fresh memory costs page faults on first touch (very slow on a VM whose free pages go back to
-        the host), reused memory does not."""
-        other = 1 - self.home if self.home is not None else 0
-        need = math.prod(shape)
-        if len(self.arena[other]) != count or self.arena[other][0].size < need:
-            self.arena[other] = [np.empty(need + need // 2, np.float32) for _ in range(count)]
-        return other, [flat[:need].reshape(shape) for flat in self.arena[other]]
+        self.buffers: list[np.ndarray] = []
 
     def __len__(self) -> int:
         return len(self.rows)
 
+    def lengths(self) -> np.ndarray:
+        """Tokens in each row's cache (int32, the decode step's seqlens_k)."""
+        return np.fromiter((g._length for g in self.rows), np.int32, len(self.rows))
+
+    def cache(self) -> list[np.ndarray]:
+        """The rows' part of each buffer: its leading rows, one contiguous block (the step's past and present)."""
+        return [b[:len(self.rows)] for b in self.buffers]
+
+    def reserve(self, columns: int) -> None:
+        """Room for `columns` columns (at most max_columns) in every row, keeping what the current rows hold."""
+        have = self.buffers[0].shape[2] if self.buffers else 0
+        if columns <= have:
+            return
+        shape = (self.max_rows, self.heads, max(columns, min(max(2 * have, MIN_COLUMNS), self.max_columns)),
+                 self.head_dim)
+        grown = [np.zeros(shape, np.float32) for _ in range(self.count)]
+        n = len(self.rows)
+        if n:
+            used = int(self.lengths().max())
+            for new, old in zip(grown, self.buffers):
+                new[:n, :, :used] = old[:n, :, :used]
+        self.buffers = grown
+
     def add(self, rows: list[Row], cache: list[np.ndarray], mask: np.ndarray) -> None:
-        if not self.rows:
-            self.rows, self.cache, self.mask, self.home = list(rows), cache, mask, None
-            return
-        width = max(self.mask.shape[1], mask.shape[1])
-        old, new = len(self.rows), len(rows)
-        if self.home is not None and width == self.mask.shape[1] and \
-                self.arena[self.home][0].size >= (old + new) * self.cache[0][0].size:
-            shape = (old + new, *self.cache[0].shape[1:])  # the cache is the leading part of its arena set: extend it
-            grown = [flat[:shape[0] * self.cache[0][0].size].reshape(shape) for flat in self.arena[self.home]]
-            for a, b in zip(grown, cache):
-                a[old:] = _left_pad(b, width, 2)
-            self.cache = grown
-            self.mask = np.concatenate([self.mask, _left_pad(mask, width, 1)])
-            self.rows.extend(rows)
-            return
-        home, grown = self.spare((old + new, *self.cache[0].shape[1:2], width, self.cache[0].shape[3]), len(self.cache))
-        for a, was, joins in zip(grown, self.cache, cache):  # into reused memory, left-padded to `width`
-            a[:old, :, :width - was.shape[2]] = 0
-            a[:old, :, width - was.shape[2]:] = was
-            a[old:, :, :width - joins.shape[2]] = 0
-            a[old:, :, width - joins.shape[2]:] = joins
-        self.cache, self.home = grown, home
-        self.mask = np.concatenate([_left_pad(self.mask, width, 1), _left_pad(mask, width, 1)])
+        """Rows whose prefill just finished, with their keys and values as the prefill graph gives them: `cache`
+        [rows, heads, W, head_dim] per past name, `mask` [rows, W]; a row's tokens are its attended columns, in
+        position order (generation.py's layout), so they are written compactly, padding and gaps left out."""
+        n = len(self.rows)
+        if n + len(rows) > self.max_rows:
+            raise ValueError(f"{n + len(rows)} rows in a decode batch of at most {self.max_rows}")
+        columns = [np.flatnonzero(m) for m in mask]
+        self.reserve(max(c.size for c in columns) + 1)
+        for i, c in enumerate(columns):
+            part = slice(c[0], c[-1] + 1) if c[-1] - c[0] == c.size - 1 else c  # one run of columns: no gather
+            for buffer, a in zip(self.buffers, cache):
+                buffer[n + i, :, :c.size] = a[i][:, part]  # a[i, :, c] would put the gathered axis first
         self.rows.extend(rows)
 
     def retain(self, keep: Callable[[Row], bool]) -> list[Row]:
-        """Drop the rows `keep` rejects, each replaced by the last kept row (one row copied, so a leaving row does
-        not copy the whole cache), then the leading columns no remaining row attends when they are worth a cut
-        (`trim`); returns the dropped."""
+        """Drop the rows `keep` rejects, each replaced by the last kept row (its used columns copied, so the rows
+        stay one leading block); returns the dropped."""
         flags = [keep(g) for g in self.rows]
         if all(flags):
             return []
         dropped = [g for g, kept in zip(self.rows, flags) if not kept]
         n = len(self.rows) - len(dropped)
-        if not n:
-            self.clear()
-            return dropped
         holes = [i for i in range(n) if not flags[i]]
         movers = [i for i in range(n, len(self.rows)) if flags[i]]
-        if holes:
-            to, fro = np.array(holes), np.array(movers)
-            for a in self.cache:
-                a[to] = a[fro]
-            self.mask[to] = self.mask[fro]
-            for i, j in zip(holes, movers):
-                self.rows[i] = self.rows[j]
+        for i, j in zip(holes, movers):
+            used = self.rows[j]._length
+            for buffer in self.buffers:
+                buffer[i, :, :used] = buffer[j, :, :used]
+            self.rows[i] = self.rows[j]
         del self.rows[n:]
-        self.cache = [a[:n] for a in self.cache]  # leading rows of a C-contiguous array: still contiguous
-        self.mask = self.mask[:n]
-        self.trim()
         return dropped
-
-    def trim(self) -> None:
-        """Cut the leading columns no row attends once they are a quarter of the width or more: the cut copies
-        the whole cache, the masked columns it saves cost only attention until then."""
-        first = int(np.argmax(self.mask.any(axis=0)))  # every row has its last columns set: this is a real column
-        if first and 4 * first >= self.mask.shape[1]:
-            self.mask = np.ascontiguousarray(self.mask[:, first:])
-            shape = self.cache[0].shape
-            home, cut = self.spare((shape[0], shape[1], shape[2] - first, shape[3]), len(self.cache))
-            for a, was in zip(cut, self.cache):
-                a[...] = was[:, :, first:]
-            self.cache, self.home = cut, home

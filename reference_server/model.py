@@ -24,7 +24,7 @@ from reference_server.signature import MAX_DIM_PREFIX
 # Bump when the graph built below changes, so caches keyed on the parameters are not reused wrongly.
 BUILD_VERSION = 1
 OPSET = 17  # first opset with LayerNormalization
-IR_VERSION = 8  # the newest IR that onnxruntime 1.17 (our lower bound) loads
+IR_VERSION = 8  # an IR that onnxruntime 1.18 (our lower bound: the first with GroupQueryAttention on CPU) loads
 DEFAULT_CACHE = Path("~/.cache/latscope-ref")  # the CLI's --cache-dir / $LATSCOPE_REF_CACHE override it
 BATCH, SEQUENCE = "batch", "sequence"
 
@@ -136,10 +136,13 @@ def build_encoder(cfg: EncoderConfig) -> onnx.ModelProto:
     return finish_model(graph, SEQUENCE, cfg.max_seq, cfg)
 
 
-def finish_model(graph: onnx.GraphProto, limited_dim: str, limit: int, cfg: Any) -> onnx.ModelProto:
-    """The checked model around `graph`, pinned to OPSET / IR_VERSION, declaring the upper bound of its
-    variable dimension `limited_dim` (requests past it are refused up front) and the config it was built from."""
-    model = helper.make_model(graph, producer_name="latscope-ref", opset_imports=[helper.make_opsetid("", OPSET)])
+def finish_model(graph: onnx.GraphProto, limited_dim: str, limit: int, cfg: Any,
+                 extra_domains: tuple[str, ...] = ()) -> onnx.ModelProto:
+    """The checked model around `graph`, pinned to OPSET / IR_VERSION (and version 1 of each of `extra_domains`,
+    ONNX Runtime's contrib operators), declaring the upper bound of its variable dimension `limited_dim` (requests
+    past it are refused up front) and the config it was built from."""
+    opsets = [helper.make_opsetid("", OPSET), *(helper.make_opsetid(domain, 1) for domain in extra_domains)]
+    model = helper.make_model(graph, producer_name="latscope-ref", opset_imports=opsets)
     model.ir_version = IR_VERSION
     helper.set_model_props(model, {f"{MAX_DIM_PREFIX}{limited_dim}": str(limit),
                                    "latscope_ref.config": json.dumps(asdict(cfg), sort_keys=True)})

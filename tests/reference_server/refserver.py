@@ -1,6 +1,7 @@
 """What the reference-server tests share: `python -m reference_server serve` as a real process (started on
 loopback, its ready lines read from stdout, stopped with SIGTERM), plain HTTP calls, Server-Timing and
-Prometheus parsing, KServe v2 request building for the built-in encoder, and the `cache`/`logs` fixtures.
+Prometheus parsing, KServe v2 request building for the built-in encoder, the `cache`/`logs` fixtures, and the
+decoder's two graphs loaded in process (`decoder_backends`).
 
 A plain module, not a conftest.py: tests/conftest.py is imported as `conftest` (tests import from it with
 `from conftest import ...`); a second conftest.py here, outside any package, would replace it in
@@ -130,6 +131,19 @@ def running_with_grpc(cache: Path, logs: Path, *flags: str) -> Iterator[Server]:
                         *flags, need=("ready", "ready-grpc")) as server:
         assert f"grpc listening on {server.grpc}" in server.log_text()
         yield server
+
+
+def decoder_backends(cfg, where: Path):
+    """The decoder of DecoderConfig `cfg` as the server loads it: (prefill graph's, decode step graph's) ONNX Runtime
+    backends, 1 thread, built in `where`; the generator runs `[0].run` and `[1].run_into`."""
+    from reference_server.backends.onnxruntime import OnnxRuntimeBackend
+    from reference_server.decoder import cached_decode_step, cached_decoder
+
+    loaded = (OnnxRuntimeBackend(cached_decoder(cfg, where)[0], threads=1),
+              OnnxRuntimeBackend(cached_decode_step(cfg, where)[0], threads=1))
+    for backend in loaded:
+        backend.load()
+    return loaded
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):

@@ -13,8 +13,9 @@ import time
 import numpy as np
 import pytest
 
+from refserver import decoder_backends
 from reference_server.backends.onnxruntime import OnnxRuntimeBackend
-from reference_server.decoder import DecoderConfig, cached_decoder, empty_cache, present_names
+from reference_server.decoder import DecoderConfig, empty_cache, present_names
 from reference_server.generation import Generator
 from reference_server.prefix_cache import BLOCK_TOKENS, PrefixCache, block_keys
 
@@ -24,16 +25,13 @@ RNG = np.random.default_rng(34)
 
 
 @pytest.fixture(scope="module")
-def backend(tmp_path_factory) -> OnnxRuntimeBackend:
-    path, _ = cached_decoder(CONFIG, tmp_path_factory.mktemp("decoder"))
-    backend = OnnxRuntimeBackend(path, threads=1)
-    backend.load()
-    return backend
+def backends(tmp_path_factory) -> tuple[OnnxRuntimeBackend, OnnxRuntimeBackend]:
+    return decoder_backends(CONFIG, tmp_path_factory.mktemp("decoder"))
 
 
 @pytest.fixture(scope="module")
-def run(backend):
-    return backend.run
+def run(backends):
+    return backends[0].run
 
 
 def ids(n: int) -> np.ndarray:
@@ -60,10 +58,10 @@ class Costs:
             self.order.append("s")
 
 
-def generator(run, costs: Costs, budget: int, cache_bytes: int = 0, run_into=None) -> Generator:
-    g = Generator(run, CONFIG, max_sequences=16, max_waiting=16, max_prefill_tokens=budget,
-                  prefix_cache=PrefixCache(cache_bytes), on_prefill=costs.on_prefill, on_step=costs.on_step,
-                  run_into=run_into)
+def generator(backends, costs: Costs, budget: int, cache_bytes: int = 0) -> Generator:
+    g = Generator(backends[0].run, backends[1].run_into, CONFIG, max_sequences=16, max_waiting=16,
+                  max_prefill_tokens=budget, prefix_cache=PrefixCache(cache_bytes), on_prefill=costs.on_prefill,
+                  on_step=costs.on_step)
     g.start()
     return g
 
@@ -76,18 +74,17 @@ async def collect(generation) -> list[tuple[int, int]]:
     return out
 
 
-def test_chunks_give_the_tokens_of_one_run_and_exact_cache_blocks(backend, run):
+def test_chunks_give_the_tokens_of_one_run_and_exact_cache_blocks(backends, run):
     """p (300 tokens) in chunks of 64 while a short stream decodes, then q (p's first 200 tokens and 150 others:
     192 cached, 158 computed in chunks with a cached past): the same ids as one unchunked run each, steps
-    between p's chunks, and the blocks p stored equal a plain prefill's keys and values. The chunked generator
-    also keeps its cache in reused buffers (run_into, as the server does), the plain one in new arrays."""
+    between p's chunks, and the blocks p stored equal a plain prefill's keys and values."""
     p = ids(300)
     q = np.concatenate([p[:200], ids(150)])
     short = ids(16)
 
-    def generate(budget: int, cache_bytes: int, run_into=None) -> tuple[list[list[int]], list[int], Costs, Generator]:
+    def generate(budget: int, cache_bytes: int) -> tuple[list[list[int]], list[int], Costs, Generator]:
         costs = Costs()
-        gen = generator(run, costs, budget, cache_bytes, run_into)
+        gen = generator(backends, costs, budget, cache_bytes)
 
         async def main():
             running = gen.submit(short, 40)
@@ -107,7 +104,7 @@ def test_chunks_give_the_tokens_of_one_run_and_exact_cache_blocks(backend, run):
         return tokens, cached, costs, gen
 
     plain, plain_cached, plain_costs, _ = generate(4096, 0)
-    chunked, cached, costs, gen = generate(CHUNK, 1 << 26, backend.run_into)
+    chunked, cached, costs, gen = generate(CHUNK, 1 << 26)
     assert plain_cached == [0, 0] and cached == [0, 192]
     assert chunked == plain
     assert [tokens for _, tokens, _ in plain_costs.prefills if tokens > 16] == [300, 350]  # unchunked: one run each
@@ -125,12 +122,12 @@ def test_chunks_give_the_tokens_of_one_run_and_exact_cache_blocks(backend, run):
     np.testing.assert_allclose(np.concatenate(blocks, axis=2), expected, atol=1e-5, rtol=1e-4)
 
 
-def stalls(backend, budget: int, k: int, long_prompts: list[np.ndarray]) -> tuple[list[float], list[list[int]], Costs]:
+def stalls(backends, budget: int, k: int, long_prompts: list[np.ndarray]) -> tuple[list[float], list[list[int]], Costs]:
     """k streams decode; each long prompt arrives in turn (after the last one's first token and a few steps).
     Per long prompt: the longest gap (ms) between two tokens of the running streams that overlaps its
     admission (submission to its first token); and each long prompt's token ids."""
     costs = Costs()
-    gen = generator(backend.run, costs, budget, run_into=backend.run_into)
+    gen = generator(backends, costs, budget)
 
     async def read(generation, times: list[int]) -> None:
         while batch := await generation.tokens():  # cancelled below: a cancelled sequence gets no end
@@ -166,7 +163,7 @@ def stalls(backend, budget: int, k: int, long_prompts: list[np.ndarray]) -> tupl
     return worst, answers, costs
 
 
-def test_a_long_prompt_stalls_running_streams_one_chunk_and_one_step_not_its_whole_prefill(backend):
+def test_a_long_prompt_stalls_running_streams_one_chunk_and_one_step_not_its_whole_prefill(backends):
     """8 streams decode; a 512-token prompt (4 tokens out) arrives, three times. Chunked by 64, a running stream's
     longest gap during its admission is one iteration: one 64-token chunk plus one step, the costliest being the
     step its last chunk leads to, where the long row decodes with the 8 (9 rows, 512 columns wide: the short rows
@@ -177,11 +174,11 @@ def test_a_long_prompt_stalls_running_streams_one_chunk_and_one_step_not_its_who
     needs, does not decide it). The long prompts get the same tokens either way."""
     k = 8
     prompts = [ids(512) for _ in range(3)]
-    chunked, chunked_answers, costs = stalls(backend, CHUNK, k, prompts)
+    chunked, chunked_answers, costs = stalls(backends, CHUNK, k, prompts)
     chunk_ms = statistics.median(ns for rows, tokens, ns in costs.prefills if tokens == CHUNK) / 1e6
     step_ms = statistics.median(ns for rows, ns in costs.steps if rows == k + 1) / 1e6  # with the long row
     bound = 1.5 * (chunk_ms + step_ms)
-    whole, whole_answers, whole_costs = stalls(backend, 4096, k, prompts)
+    whole, whole_answers, whole_costs = stalls(backends, 4096, k, prompts)
     prefill_ms = statistics.median(ns for rows, tokens, ns in whole_costs.prefills if tokens == 512) / 1e6
     assert chunked_answers == whole_answers
     assert prefill_ms > bound, (prefill_ms, chunk_ms, step_ms)  # the bound tells chunked from unchunked

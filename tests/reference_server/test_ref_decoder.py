@@ -1,5 +1,6 @@
-"""The built-in decoder (deterministic build, KV cache equal to a full recomputation, left-padded batches)
-and the continuous-batching generator on top of it, in process on a small configuration."""
+"""The built-in decoder (deterministic build, KV cache equal to a full recomputation, left-padded batches, the
+decode step graph equal to the prefill graph) and the continuous-batching generator on top of it, in process on
+a small configuration."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import pytest
 
 from reference_server.backends.onnxruntime import OnnxRuntimeBackend
 from reference_server.batcher import Overloaded
-from reference_server.decoder import (DecoderConfig, build_decoder, cached_decoder, empty_cache, past_names,
-                                      present_names)
+from reference_server.decoder import (DecoderConfig, build_decoder, cached_decode_step, cached_decoder, empty_cache,
+                                      past_names, present_names)
 from reference_server.generation import ContextTooLong, GenerationFailed, Generator
 from reference_server.signature import TensorSpec, read_signature
 
@@ -40,6 +41,14 @@ def run(backend):
     return backend.run
 
 
+@pytest.fixture(scope="module")
+def step(model_path):
+    """The decode step graph's run, in place (generation.RunIntoFn)."""
+    backend = OnnxRuntimeBackend(cached_decode_step(SMALL, model_path.parent)[0], threads=1)
+    backend.load()
+    return backend.run_into
+
+
 def prefill(run, ids: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Last-position logits [vocab] and the cache (as past_* inputs) of one unpadded sequence."""
     out = run({"input_ids": ids[None], "position_ids": np.arange(ids.size)[None],
@@ -47,7 +56,8 @@ def prefill(run, ids: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     return out["logits"][0], dict(zip(past_names(SMALL.layers), (out[n] for n in present_names(SMALL.layers))))
 
 
-def step(run, token: int, position: int, past: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def decode_one(run, token: int, position: int, past: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """One decode step of one sequence through the prefill graph."""
     out = run({"input_ids": np.array([[token]]), "position_ids": np.array([[position]]),
                "attention_mask": np.ones((1, position + 1), np.int64), **past})
     return out["logits"][0], dict(zip(past_names(SMALL.layers), (out[n] for n in present_names(SMALL.layers))))
@@ -57,7 +67,7 @@ def greedy_alone(run, prompt: np.ndarray, n: int) -> list[int]:
     logits, past = prefill(run, prompt)
     tokens = [int(logits.argmax())]
     for i in range(n - 1):
-        logits, past = step(run, tokens[-1], prompt.size + i, past)
+        logits, past = decode_one(run, tokens[-1], prompt.size + i, past)
         tokens.append(int(logits.argmax()))
     return tokens
 
@@ -95,7 +105,7 @@ def test_kv_cache_decode_equals_full_recomputation(run):
     np.testing.assert_allclose(logits, prefill(run, ids[:10])[0], atol=1e-6)
     assert past["past_key_0"].shape == (1, SMALL.heads, 10, SMALL.head_dim)
     for i in range(10, 24):  # feed the rest one token at a time; each step must match a full run of the prefix
-        logits, past = step(run, int(ids[i]), i, past)
+        logits, past = decode_one(run, int(ids[i]), i, past)
         full, _ = prefill(run, ids[:i + 1])
         np.testing.assert_allclose(logits, full, atol=1e-4, rtol=1e-4)
     assert past["past_value_1"].shape == (1, SMALL.heads, 24, SMALL.head_dim)
@@ -125,6 +135,36 @@ def test_left_padded_batch_matches_each_sequence_alone(run):
     assert tokens == alone
 
 
+def test_the_decode_step_graph_gives_the_prefill_graphs_logits_and_writes_one_column_per_row_in_place(run, step):
+    """Rows of different lengths in one buffer with room to spare: each row's logits are its own decode step's
+    through the prefill graph (alone, unpadded), its new key and value land at column length, in place, and no
+    other column changes."""
+    lengths = [5, 17, 9, 30]
+    capacity = 40
+    cache = [np.zeros((4, SMALL.heads, capacity, SMALL.head_dim), np.float32) for _ in past_names(SMALL.layers)]
+    for a in cache:
+        a[:] = RNG.standard_normal(a.shape)  # garbage past each row's length: must be neither read nor written
+    alone = []
+    for i, n in enumerate(lengths):
+        ids = RNG.integers(0, SMALL.vocab, n + 1)
+        _, past = prefill(run, ids[:n])
+        for a, p in zip(cache, past.values()):
+            a[i, :, :n] = p[0]
+        logits, present = decode_one(run, int(ids[n]), n, past)
+        alone.append((int(ids[n]), logits, present))
+    before = [a.copy() for a in cache]
+    counts = np.array(lengths, np.int32)
+    out = step({"input_ids": np.array([[t] for t, _, _ in alone]), "position_ids": counts[:, None].astype(np.int64),
+                "seqlens_k": counts, "total_sequence_length": np.array(counts.max() + 1, np.int32),
+                **dict(zip(past_names(SMALL.layers), cache))}, dict(zip(present_names(SMALL.layers), cache)))
+    for i, (n, (_, logits, present)) in enumerate(zip(lengths, alone)):
+        np.testing.assert_allclose(out["logits"][i], logits, atol=1e-5, rtol=1e-5)
+        for a, was, p in zip(cache, before, present.values()):
+            np.testing.assert_allclose(a[i, :, n], p[0, :, n], atol=1e-6)  # the new column, in place
+            np.testing.assert_array_equal(np.delete(a[i], n, axis=1), np.delete(was[i], n, axis=1))
+    assert set(out) == {"logits"}
+
+
 # --- the generator -------------------------------------------------------------------------------------
 
 class Recorder:
@@ -142,10 +182,10 @@ class Recorder:
             self.steps.append(rows)
 
 
-def make_generator(run, recorder: Recorder | None = None, **kwargs) -> Generator:
+def make_generator(run, step, recorder: Recorder | None = None, **kwargs) -> Generator:
     recorder = recorder or Recorder()
     kwargs = {"max_sequences": 8, "max_waiting": 16, **kwargs}
-    generator = Generator(run, SMALL, on_prefill=recorder.on_prefill, on_step=recorder.on_step, **kwargs)
+    generator = Generator(run, step, SMALL, on_prefill=recorder.on_prefill, on_step=recorder.on_step, **kwargs)
     generator.start()
     return generator
 
@@ -157,14 +197,13 @@ async def collect(generation) -> list[int]:
     return tokens
 
 
-@pytest.mark.parametrize("into", [False, True], ids=["new-arrays", "run-into"])
-def test_generator_batches_sequences_and_matches_running_them_alone(backend, run, into):
-    """Also with the decode steps writing the cache into the batch's reused buffers (run_into, as the server
-    runs): rows joining, leaving (the last row moved into the hole) and trimmed change no token."""
+def test_generator_batches_sequences_and_matches_running_them_alone(run, step):
+    """Rows joining and leaving (the last row moved into the hole) change no token: each sequence gets what it
+    gets alone through the prefill graph."""
     lengths = [12, 3, 20, 7]
     expected = [greedy_alone(run, p, n) for p, n in zip(PROMPTS, lengths)]
     recorder = Recorder()
-    generator = make_generator(run, recorder, run_into=backend.run_into if into else None)
+    generator = make_generator(run, step, recorder)
 
     async def main():
         together = [generator.submit(p, n) for p, n in zip(PROMPTS[:2], lengths[:2])]
@@ -188,8 +227,54 @@ def test_generator_batches_sequences_and_matches_running_them_alone(backend, run
     assert generator.active() == 0 and generator.waiting() == 0
 
 
-@pytest.mark.parametrize("into", [False, True], ids=["new-arrays", "run-into"])
-def test_a_cost_factor_takes_that_many_runs_per_token_and_changes_no_token(backend, run, into):
+def test_the_decode_batch_grows_in_columns_while_sequences_decode_and_changes_no_token(run, step):
+    """A row longer than the batch's first columns (kv_batch.MIN_COLUMNS) joining while ten others decode: the
+    arrays grow under running rows, their caches carried over."""
+    from reference_server.kv_batch import MIN_COLUMNS
+
+    prompts = [RNG.integers(0, SMALL.vocab, n) for n in (4, 9, 13, 6, 21, 3, 11, 8, 15, 5)]
+    long_prompt, long_n = RNG.integers(0, SMALL.vocab, 40), MIN_COLUMNS - 20  # reaches 40 + 108 = 148 columns
+    expected = [greedy_alone(run, p, 30) for p in prompts] + [greedy_alone(run, long_prompt, long_n)]
+    recorder = Recorder()
+    generator = make_generator(run, step, recorder, max_sequences=16)
+
+    async def main():
+        early = [generator.submit(p, 30) for p in prompts]
+        while early[0].generated < 5:
+            await asyncio.sleep(0.001)
+        late = generator.submit(long_prompt, long_n)
+        return await asyncio.gather(*(collect(g) for g in [*early, late]))
+
+    try:
+        assert asyncio.run(main()) == expected
+    finally:
+        generator.stop()
+    assert max(recorder.steps) == len(prompts) + 1
+
+
+def test_a_failed_decode_step_fails_its_sequences_and_the_generator_keeps_serving(run, step):
+    calls = {"n": 0}
+
+    def flaky(inputs, outputs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("step boom")
+        return step(inputs, outputs)
+
+    generator = make_generator(run, flaky)
+
+    async def main():
+        with pytest.raises(GenerationFailed, match="decode step failed: step boom"):
+            await collect(generator.submit(PROMPTS[0], 6))
+        return await collect(generator.submit(PROMPTS[1], 6))
+
+    try:
+        assert asyncio.run(main()) == greedy_alone(run, PROMPTS[1], 6)
+    finally:
+        generator.stop()
+
+
+def test_a_cost_factor_takes_that_many_runs_per_token_and_changes_no_token(run, step):
     """An adapter's factor f (generation.py, cost factors): alone, n tokens take ceil(f) prefill runs and, in
     the decode batch, f steps per token after the first (the credit the prefill left over carried on); mixed
     in one batch with others (factors 3, 1.5 and 1), every sequence still gets exactly the tokens it gets alone."""
@@ -198,7 +283,7 @@ def test_a_cost_factor_takes_that_many_runs_per_token_and_changes_no_token(backe
 
     def alone(factor: float, n: int) -> tuple[list[int], Recorder]:
         recorder = Recorder()
-        generator = make_generator(run, recorder)
+        generator = make_generator(run, step, recorder)
         try:
             return asyncio.run(collect_one(generator, PROMPTS[0], n, factor)), recorder
         finally:
@@ -215,7 +300,7 @@ def test_a_cost_factor_takes_that_many_runs_per_token_and_changes_no_token(backe
     assert (len(recorder.prefills), len(recorder.steps)) == (2, 12)
 
     recorder = Recorder()
-    generator = make_generator(run, recorder, run_into=backend.run_into if into else None)
+    generator = make_generator(run, step, recorder)
 
     async def mixed():
         generations = [generator.submit(p, n, factor=f) for p, n, f in zip(PROMPTS, lengths, (3, 1.5, 1))]
@@ -229,9 +314,9 @@ def test_a_cost_factor_takes_that_many_runs_per_token_and_changes_no_token(backe
     assert max(recorder.steps) == 3  # they decoded together
 
 
-def test_generator_bounds_sequences_and_queue_and_cancels(run):
+def test_generator_bounds_sequences_and_queue_and_cancels(run, step):
     recorder = Recorder()
-    generator = make_generator(run, recorder, max_sequences=2, max_waiting=2)
+    generator = make_generator(run, step, recorder, max_sequences=2, max_waiting=2)
 
     async def main():
         running = [generator.submit(PROMPTS[0], 200) for _ in range(2)]
@@ -256,7 +341,7 @@ def test_generator_bounds_sequences_and_queue_and_cancels(run):
     assert max(recorder.steps) <= 2
 
 
-def test_generator_reports_failures_and_keeps_serving(run):
+def test_generator_reports_failures_and_keeps_serving(run, step):
     calls = {"n": 0}
 
     def flaky(inputs):
@@ -265,7 +350,7 @@ def test_generator_reports_failures_and_keeps_serving(run):
             raise RuntimeError("boom")
         return run(inputs)
 
-    generator = make_generator(flaky)
+    generator = make_generator(flaky, step)
 
     async def main():
         with pytest.raises(GenerationFailed, match="boom"):
@@ -278,14 +363,14 @@ def test_generator_reports_failures_and_keeps_serving(run):
         generator.stop()
 
 
-def test_stopping_fails_what_is_left():
+def test_stopping_fails_what_is_left(step):
     release = threading.Event()
 
     def slow(inputs):
         release.wait(10)
         raise RuntimeError("never returns outputs")
 
-    generator = Generator(slow, SMALL, max_sequences=1, max_waiting=4)
+    generator = Generator(slow, step, SMALL, max_sequences=1, max_waiting=4)
     generator.start()
 
     async def main():

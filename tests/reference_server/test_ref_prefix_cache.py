@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 import refserver
-from refserver import metric, post_json, running_server, scrape, server_timing, wait_for
+from refserver import decoder_backends, metric, post_json, running_server, scrape, server_timing, wait_for
 from reference_server.backends.onnxruntime import OnnxRuntimeBackend
-from reference_server.decoder import DecoderConfig, cached_decoder, empty_cache, present_names
+from reference_server.decoder import DecoderConfig, empty_cache, present_names
 from reference_server.generation import Generator
 from reference_server.prefix_cache import BLOCK_TOKENS, PrefixCache, block_keys
 
@@ -95,11 +95,18 @@ def test_lru_bound_evicts_the_least_recently_used_deepest_first():
 # --- the generator: the same tokens, cached or not -------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    path, _ = cached_decoder(SMALL, tmp_path_factory.mktemp("decoder"))
-    backend = OnnxRuntimeBackend(path, threads=1)
-    backend.load()
-    return backend.run
+def models(tmp_path_factory) -> tuple[OnnxRuntimeBackend, OnnxRuntimeBackend]:
+    return decoder_backends(SMALL, tmp_path_factory.mktemp("decoder"))
+
+
+@pytest.fixture(scope="module")
+def run(models):
+    return models[0].run
+
+
+@pytest.fixture(scope="module")
+def step(models):
+    return models[1].run_into
 
 
 def assert_cached_blocks_exact(run, cache: PrefixCache, prompt: list[int]) -> int:
@@ -122,7 +129,7 @@ async def collect(generation) -> list[int]:
     return tokens
 
 
-def test_generator_gives_the_same_tokens_with_and_without_the_cache(run):
+def test_generator_gives_the_same_tokens_with_and_without_the_cache(run, step):
     base = ids(5, 120, SMALL.vocab)
     warm = base[:50]  # stores blocks 0-2 (48 tokens)
     # Submitted together: 68 and 78 share cached length 48 and bucket 32 (20 and 30 new tokens), so they are
@@ -133,7 +140,7 @@ def test_generator_gives_the_same_tokens_with_and_without_the_cache(run):
 
     def generate(capacity: int) -> tuple[list[list[int]], list[int], list[int]]:
         prefills: list[int] = []
-        generator = Generator(run, SMALL, max_sequences=8, max_waiting=16, prefix_cache=PrefixCache(capacity),
+        generator = Generator(run, step, SMALL, max_sequences=8, max_waiting=16, prefix_cache=PrefixCache(capacity),
                               on_prefill=lambda rows, tokens, ns: prefills.append(rows))
         caches.append(generator.prefix_cache)
         generator.start()
@@ -167,7 +174,7 @@ def test_generator_gives_the_same_tokens_with_and_without_the_cache(run):
     assert [assert_cached_blocks_exact(run, caches[1], p) for p in prompts] == [3, 4, 4, 3, 2, 6]
 
 
-def test_blocks_evicted_while_in_use_are_stored_again_from_the_right_columns(run):
+def test_blocks_evicted_while_in_use_are_stored_again_from_the_right_columns(run, step):
     """A budget of 4 blocks. x and y are admitted together; y found base's two blocks cached, but x (prefilled
     first, its bucket is smaller) evicts them when it stores its own. y, prefilled in one run with y2 (same
     cached length, y computes 2 tokens fewer, so its row is [cached][padding][new]), stores them again from
@@ -179,7 +186,7 @@ def test_blocks_evicted_while_in_use_are_stored_again_from_the_right_columns(run
     z = base[:40]
 
     def generate(capacity: int) -> tuple[list[list[int]], list[int]]:
-        generator = Generator(run, SMALL, max_sequences=8, max_waiting=16, prefix_cache=PrefixCache(capacity))
+        generator = Generator(run, step, SMALL, max_sequences=8, max_waiting=16, prefix_cache=PrefixCache(capacity))
         caches.append(generator.prefix_cache)
         generator.start()
 
