@@ -139,6 +139,8 @@ def model_alone_ms(model: Path, feeds: list[dict], min_seconds: float,
     binding), as the decoder's decode step runs in the server."""
     import onnxruntime as ort
 
+    from reference_server.backends.onnxruntime import io_binding
+
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = 1, 1
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -150,15 +152,7 @@ def model_alone_ms(model: Path, feeds: list[dict], min_seconds: float,
         for feed in feeds:
             run = lambda: session.run(None, feed)  # noqa: E731
             if in_place:
-                binding = session.io_binding()
-                for name, array in feed.items():
-                    binding.bind_cpu_input(name, array)
-                for output in session.get_outputs():
-                    if output.name in in_place:
-                        array = feed[in_place[output.name]]
-                        binding.bind_output(output.name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
-                    else:
-                        binding.bind_output(output.name, "cpu")
+                binding = io_binding(session, feed, {out: feed[name] for out, name in in_place.items()})
                 run = lambda: session.run_with_iobinding(binding)  # noqa: E731
             for _ in range(2):
                 run()

@@ -460,11 +460,12 @@ class Generator:
 
     def _decode(self, batch: DecodeBatch) -> None:
         rows, lengths = len(batch), batch.lengths()
-        batch.reserve(int(lengths.max()) + 1)  # every row's new column fits
+        total = int(lengths.max()) + 1  # the longest row with its new token
+        batch.reserve(total)
         cache = batch.cache()
         inputs = {"input_ids": np.array([[g._next] for g in batch.rows], np.int64),
                   "position_ids": lengths[:, None].astype(np.int64), "seqlens_k": lengths,
-                  "total_sequence_length": np.array(lengths.max() + 1, np.int32), **dict(zip(self._past, cache))}
+                  "total_sequence_length": np.array(total, np.int32), **dict(zip(self._past, cache))}
         start = time.perf_counter_ns()
         try:
             logits = self._step(inputs, dict(zip(self._present, cache)))["logits"]

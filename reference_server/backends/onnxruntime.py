@@ -18,6 +18,23 @@ from reference_server.backends.base import Backend
 _PREFERRED_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
 
 
+def io_binding(session: ort.InferenceSession, inputs: dict[str, np.ndarray],
+               outputs: dict[str, np.ndarray]) -> ort.IOBinding:
+    """A binding of `session` that feeds `inputs` as they are and writes the outputs named in `outputs` into those
+    arrays (C-contiguous, exactly the output's shape and dtype: one may be an input's own array, which the
+    decoder's decode step updates in place), the other outputs into memory ONNX Runtime allocates."""
+    binding = session.io_binding()
+    for name, array in inputs.items():
+        binding.bind_cpu_input(name, array)
+    for output in session.get_outputs():
+        if output.name in outputs:
+            array = outputs[output.name]
+            binding.bind_output(output.name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+        else:
+            binding.bind_output(output.name, "cpu")
+    return binding
+
+
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
     platform = "onnxruntime_onnx"
@@ -43,23 +60,14 @@ class OnnxRuntimeBackend(Backend):
 
     def run_into(self, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Like run(), but the outputs named in `outputs` are written into those arrays (C-contiguous, exactly
-        the output's shape and dtype) instead of new ones: the generator's decode step keeps its KV cache in
-        buffers it reuses (generation.py). Returns the other outputs."""
+        the output's shape and dtype; io_binding) instead of new ones: the generator's decode step updates its
+        KV cache in place (generation.py). Returns the other outputs."""
         if self._session is None:
             raise RuntimeError("OnnxRuntimeBackend.run_into() called before load()")
-        binding = self._session.io_binding()
-        for name, array in inputs.items():
-            binding.bind_cpu_input(name, array)
-        rest = [name for name in self._output_names if name not in outputs]
-        for name in self._output_names:
-            if name in outputs:
-                array = outputs[name]
-                binding.bind_output(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
-            else:
-                binding.bind_output(name, "cpu")
+        binding = io_binding(self._session, inputs, outputs)
         self._session.run_with_iobinding(binding)
-        values = binding.get_outputs()
-        return {name: values[self._output_names.index(name)].numpy() for name in rest}
+        names = [output.name for output in self._session.get_outputs()]  # the order io_binding bound them in
+        return {name: value.numpy() for name, value in zip(names, binding.get_outputs()) if name not in outputs}
 
     def describe(self) -> str:
         providers = self._session.get_providers() if self._session else []
