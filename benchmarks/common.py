@@ -100,6 +100,16 @@ def fmt(value: float | None, digits: int = 2) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
+def median_ns(fn, reps: int) -> float:
+    """The median time of `reps` calls of `fn`, ns."""
+    times = []
+    for _ in range(reps):
+        started = time.perf_counter_ns()
+        fn()
+        times.append(time.perf_counter_ns() - started)
+    return statistics.median(times)
+
+
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]

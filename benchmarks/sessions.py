@@ -3,6 +3,7 @@ the client's per-turn cost of carrying a long history.
 
     python benchmarks/sessions.py            # ~4 min
     python benchmarks/sessions.py --quick    # < 1 min: two smaller sizes, shorter think time, fewer repeats
+    python benchmarks/sessions.py --agents   # agent jobs (issue 33): held per worker, a 100k-token context's cost
 
 1. **Sessions held at once.** One worker (`run_scenario(..., workers=1)`, the real worker process)
    against `python -m latscope.targets.stream --ttft-ms 5 --itl-ms 5 --tokens 8` on 127.0.0.1. One
@@ -64,8 +65,10 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO))
 
 from common import (  # noqa: E402
-    cpus, fmt, free_port, machine_facts, machine_line, markdown_table, server_process, update_results_md, write_report_json,
+    cpus, fmt, free_port, machine_facts, machine_line, markdown_table, median_ns, server_process, update_results_md,
+    write_report_json,
 )
+from agent_costs import TOOLS, context_cost, context_table  # noqa: E402
 import orjson  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -83,6 +86,7 @@ from latscope.scenario import scenario_from_dict  # noqa: E402
 from latscope.workload import Payloads  # noqa: E402
 
 SECTION_TITLE = "## Sessions per worker (issue 17)"
+AGENTS_TITLE = "## Agents per worker (issue 33)"
 PACKAGES = ("latscope", "httptools", "uvloop", "numpy", "orjson")
 CLASS = "chat"
 QUESTION_TOKENS = 16
@@ -181,14 +185,18 @@ class Sampler(threading.Thread):
 
 
 def hold_scenario(url: str, n: int, think_s: float, turns: int, window_s: float, out: Path, timer: str,
-                  question_tokens: int = QUESTION_TOKENS, sessions: bool = True) -> dict:
+                  question_tokens: int = QUESTION_TOKENS, sessions: bool = True, agents: bool = False) -> dict:
     """N sessions in progress after a ramp of (turns − 1) · think_s, held for window_s, then drained.
-    Without `sessions`: plain requests at the same turn rate (the control)."""
+    Without `sessions`: plain requests at the same turn rate (the control). With `agents`: agent jobs
+    instead (rounds = turns, tool waits = think_s, tool results of question_tokens, agent_costs.TOOLS)."""
     ramp = (turns - 1) * think_s
     rate = n / ramp
     cls: dict = {"name": CLASS, "prompt_tokens": question_tokens, "output_tokens": ANSWER_TOKENS}
-    if sessions:
+    if agents:
+        cls["agent"] = {"rounds": turns, "tool_latency": think_s, "tools": TOOLS, "tool_result_tokens": question_tokens}
+    elif sessions:
         cls["session"] = {"turns": turns, "think_time": think_s, "history": "carry"}
+    if sessions:
         phases = [{"name": "hold", "duration": ramp + window_s, "arrival": {"type": "constant", "rate": rate}},
                   {"name": "finish", "duration": ramp + 1.0, "arrival": {"type": "idle"}}]
     else:
@@ -206,10 +214,11 @@ def hold_scenario(url: str, n: int, think_s: float, turns: int, window_s: float,
 
 
 def hold(url: str, n: int, think_s: float, turns: int, window_s: float, work: Path, timer: str,
-         question_tokens: int = QUESTION_TOKENS, sessions: bool = True) -> dict:
+         question_tokens: int = QUESTION_TOKENS, sessions: bool = True, agents: bool = False) -> dict:
     ramp = (turns - 1) * think_s if sessions else 1.0
     rate = n / ((turns - 1) * think_s)
-    scenario = scenario_from_dict(hold_scenario(url, n, think_s, turns, window_s, work, timer, question_tokens, sessions))
+    scenario = scenario_from_dict(hold_scenario(url, n, think_s, turns, window_s, work, timer, question_tokens, sessions,
+                                                agents))
     sampler = Sampler(WORKER_CPU)
     sampler.start()
     started = time.monotonic()
@@ -234,9 +243,11 @@ def hold(url: str, n: int, think_s: float, turns: int, window_s: float, work: Pa
     metric = summary["metrics"]
     p99 = lambda name, cls="all": metric.get(name, {}).get(cls, {}).get("p99_ms")  # noqa: E731
     fate = {k: v for k, v in summary.get("sessions", {}).get(CLASS, {}).items() if k not in ("by_turn", "duration", "prefix_cache")}
+    if agents:
+        fate = summary["agents"][CLASS]["jobs"]
     planned = int(round(rate * (ramp + window_s))) if sessions else 0
     row = {
-        "kind": "sessions" if sessions else "plain requests (control)",
+        "kind": "agents" if agents else "sessions" if sessions else "plain requests (control)",
         "sessions_held": n if sessions else 0, "think_s": think_s, "turns": turns, "question_tokens": question_tokens,
         "start_rate": rate if sessions else 0.0, "turn_rate": turn_rate, "window_s": t_b - t_a,
         "rss_baseline_mb": statistics.median(base) / 2**20 if base else None, "rss_steady_mb": steady_rss / 2**20,
@@ -440,15 +451,6 @@ def _answer(payloads: Payloads, k: int) -> str:
     return " ".join(words)
 
 
-def _median_ns(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        started = time.perf_counter_ns()
-        fn()
-        times.append(time.perf_counter_ns() - started)
-    return statistics.median(times)
-
-
 def history_cost(reps: int) -> list[dict]:
     spec = {"name": "history", "seed": 17,
             "target": {"url": "http://127.0.0.1:9", "protocol": "openai", "model": "bench",
@@ -493,9 +495,9 @@ def history_cost(reps: int) -> list[dict]:
                 "turn": k, "history_tokens": history_tokens, "history_kib": len(history) / 1024,
                 "body_kib": len(body) / 1024,
                 "prepare_us": statistics.median(prepare_ns) / 1e3,
-                "json_dumps_us": _median_ns(dumps, reps) / 1e3,
-                "orjson_dumps_us": _median_ns(lambda: orjson.dumps(doc), reps) / 1e3,
-                "copy_us": _median_ns(lambda: bytes(history), reps) / 1e3,
+                "json_dumps_us": median_ns(dumps, reps) / 1e3,
+                "orjson_dumps_us": median_ns(lambda: orjson.dumps(doc), reps) / 1e3,
+                "copy_us": median_ns(lambda: bytes(history), reps) / 1e3,
             })
         if not (rows and rows[-1]["turn"] == k):  # (a measured turn was prepared above)
             client.prepare(request)
@@ -516,11 +518,11 @@ def history_cost(reps: int) -> list[dict]:
 
 def hold_table(rows: list[dict]) -> str:
     return markdown_table(
-        ["run", "sessions held", "turns/s", "worker RSS at t0 → held, MB", "KiB per held session",
+        ["run", "sessions (jobs) held", "turns (rounds)/s", "worker RSS at t0 → held, MB", "KiB per held session",
          "RSS growth over the window, MB", "worker CPU",
          "CPU per 1,000 held", "CPU µs per turn", "worker waited for a CPU", "send lag p99 ms", "loop lag p99 ms", "gc pause p99 ms",
          "sessions started / completed (cut, abandoned)", "errors"],
-        [[("sessions" if r["kind"] == "sessions" else "plain requests, no sessions")
+        [[(r["kind"] if r["kind"] in ("sessions", "agents") else "plain requests, no sessions")
           + (f", {r['question_tokens']:,}-token questions" if r["question_tokens"] != QUESTION_TOKENS else ""),
           f"{r['sessions_held']:,}" if r["sessions_held"] else "–", f"{r['turn_rate']:,.0f}",
           f"{fmt(r['rss_baseline_mb'], 1)} → {r['rss_steady_mb']:.1f}",
@@ -531,7 +533,7 @@ def hold_table(rows: list[dict]) -> str:
           fmt(r["gc_pause_p99_ms"], 3),
           (f"{r['sessions'].get('started', 0):,} / {r['sessions'].get('completed', 0):,} "
            f"({r['sessions'].get('cut', 0)}, {r['sessions'].get('abandoned', 0)})"
-           + (" ✓" if r["all_completed"] else " ✗")) if r["kind"] == "sessions" else "–",
+           + (" ✓" if r["all_completed"] else " ✗")) if r["kind"] in ("sessions", "agents") else "–",
           str(r["errors"])] for r in rows])
 
 
@@ -672,6 +674,70 @@ JSON: `{report.get('json_file', '?')}`.
 """
 
 
+def agents_main(args: argparse.Namespace, report: dict, server_cpu: int | None, started: float) -> None:
+    """`--agents`: the per-round cost of a long context, then agent jobs held by one worker (as part 1,
+    with agent jobs: rounds = --turns, tool waits = --think, 16-token tool results, 8 tools of 2,000
+    schema tokens), and the RESULTS.md section."""
+    print("per-round cost of an agent's context …", flush=True)
+    report["context"] = context_cost(args.reps)
+    print(context_table(report["context"]), flush=True)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "latscope.targets.stream", "--port", str(port), "--ttft-ms", "5", "--itl-ms", "5",
+               "--tokens", str(ANSWER_TOKENS)]
+    report["hold"] = []
+    with tempfile.TemporaryDirectory(prefix="latscope-agents-") as tmp, \
+            server_process(command, f"{url}/health", Path(tmp) / "stream_target.log", server_cpu):
+        for n in args.sizes:
+            for agents in (False, True):
+                row = hold(url, n, args.think, args.turns, args.window, Path(tmp), args.timer, agents=agents)
+                report["hold"].append(row)
+                print_hold(row)
+    report["run_s"] = time.monotonic() - started
+    write_report_json(report, args.out, "agents")
+    a, rows = report["args"], report["hold"]
+    first, last = report["context"][0], report["context"][-1]
+    by = {(r["kind"], r["sessions_held"]): r for r in rows}
+    biggest = max(args.sizes)
+    agent, chat = by[("agents", biggest)], by[("sessions", biggest)]
+    text = f"""{AGENTS_TITLE}
+
+Run {report['date']} with `{report['command']}` on {machine_line(report['machine'])}; no GPU.
+
+**Agent jobs held at once by one worker**, beside chat sessions of the same shape (`run_scenario(workers=1)`
+against `latscope.targets.stream --ttft-ms 5 --itl-ms 5 --tokens 8`, which answers text, so each round carries
+the answer and a 16-token tool result as a user message; {a['turns']} rounds, tool waits {a['think']:g} s fixed;
+the agents also send 8 tools of 2,000 schema tokens every round, ~14 KiB a request; timer `{a['timer']}`).
+Measured as part 1 of the sessions benchmark (memory = worker VmRSS over the window minus its first
+{BASELINE_S} s, ÷ N; CPU = worker utime + stime over the window):
+
+{hold_table(rows)}
+
+**Per-round client cost of an agent's context** (one job: a 64-token task, each round the model's answer of
+20 words and a tool call with 200 words of arguments, and a 2,000-token tool result; 8 tools of 2,000 schema
+tokens in every body; medians of {a['reps']} calls; prepare = `OpenAIClient.prepare`, the `encode` metric;
+naive = `json.dumps` of every message as a dict each round):
+
+{context_table(report['context'])}
+
+- A {last['context_tokens']:,}-token context ({last['body_kib']:,.0f} KiB body) costs {last['prepare_us']:,.0f} µs a
+  round to prepare against {first['prepare_us']:,.0f} µs at {first['context_tokens']:,} tokens: the round's own work (drawing
+  and escaping its 2,000-token tool result, ~35 µs) plus copies of the kept context, never an encode of it.
+  json.dumps of the whole history costs {last['json_dumps_us']:,.0f} µs; orjson.dumps {last['orjson_dumps_us']:,.0f} µs, of a
+  document already built (building the dicts is not counted). `_remember` of the answer and its call costs
+  ~{last.get('remember_us', 0):.0f} µs whatever the context.
+- Held jobs at {biggest:,}: {agent['bytes_per_session'] / 1024 if agent['bytes_per_session'] else float('nan'):.1f} KiB each
+  against {chat['bytes_per_session'] / 1024 if chat['bytes_per_session'] else float('nan'):.1f} KiB per chat session;
+  worker CPU {agent['cpu_us_per_turn']:.0f} µs per round against {chat['cpu_us_per_turn']:.0f} µs per turn (the tools' ~14 KiB
+  a body is built once per class and copied into each request).
+
+JSON: `{report.get('json_file', '?')}`.
+"""
+    print(text)
+    if not args.no_results_md:
+        update_results_md(text, AGENTS_TITLE)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
@@ -686,6 +752,9 @@ def main() -> None:
     parser.add_argument("--timer", choices=("coarse", "precise"), default="coarse")
     parser.add_argument("--reps", type=int, help="repeats per measurement in part 2 (default 200; quick: 30)")
     parser.add_argument("--skip-hold", action="store_true", help="only part 2 (no server, no runs)")
+    parser.add_argument("--agents", action="store_true",
+                        help="agent jobs instead of chat sessions: held per worker, and the per-round cost of a context "
+                             "up to 100k tokens (benchmarks/agent_costs.py); its own section of RESULTS.md")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out")
     parser.add_argument("--no-results-md", action="store_true")
     args = parser.parse_args()
@@ -708,6 +777,8 @@ def main() -> None:
         WORKER_CPU, server_cpu = cpus()
         if server_cpu is not None:  # this process (the run's parent, the collector) beside the target; the worker alone
             os.sched_setaffinity(0, {server_cpu})
+    if args.agents:
+        return agents_main(args, report, server_cpu, started)
     print("per-turn cost of a carried history …", flush=True)
     report["history"] = history_cost(args.reps)
     print(history_table(report["history"]), flush=True)

@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # pandas is imported only where a trace is read: workers star
 
     from latscope.scenario import Arrival, Spacing  # the scenario's models are the one home of both
 
+from latscope.agent_trace import read_trace as read_agent_trace
 from latscope.errors import ScenarioError
 from latscope.mooncake import (BLOCK_SIZE, ReplayLimits, check_replay, mooncake_offsets, mooncake_rows, read_mooncake,
                                scaled_block, scaled_lengths)
@@ -478,6 +479,8 @@ def phase_offsets(a: Arrival, d: float | None, rng: np.random.Generator, resolve
             return np.arange(a.users) * (min(a.ramp, d) / a.users), d, {}
         case "trace" if a.format == "mooncake":
             return _mooncake_phase(a, d, resolve(a.file), limits)
+        case "trace" if a.format == "agents":
+            return _agents_phase(a, d, resolve(a.file), limits)
         case "trace":
             path = resolve(a.file)
             trace = read_trace(path, a.time_column)
@@ -498,6 +501,24 @@ def phase_offsets(a: Arrival, d: float | None, rng: np.random.Generator, resolve
                         lengths[key] = np.where(values > 0, np.minimum(scaled, cap or np.iinfo(np.int32).max), 0).astype(np.int32)
             return offsets, d, lengths
     raise AssertionError(f"unhandled arrival type {a.type}")
+
+
+def _agents_phase(a: Arrival, d: float | None, path: Path,
+                  limits: ReplayLimits | None) -> tuple[np.ndarray, float, dict[str, np.ndarray]]:
+    """An agent trace phase (agent_trace.py): its jobs' starts (from `start`, sped up, within `d`) as the
+    offsets, and each one's place in the trace ("agent_job"), from which the plan takes its rounds."""
+    trace = read_agent_trace(path, limits.max_requests if limits is not None else 1 << 62)
+    starts = np.array([job.start_s for job in trace.jobs], np.float64)  # sorted
+    keep = np.flatnonzero(starts >= a.start)
+    offsets = (starts[keep] - a.start) / a.speedup
+    if d is not None:
+        keep, offsets = keep[offsets < d], offsets[offsets < d]
+    elif limits is not None and len(offsets) and offsets[-1] > limits.max_duration_s:
+        raise ScenarioError(f"agent trace {path}: its replay would last {offsets[-1]:.6g} s; a phase lasts at most "
+                            f"{limits.max_duration_s:,.0f} s: give the phase a duration, or a start or speedup")
+    if d is None:
+        d = float(offsets[-1]) + 1e-6 if len(offsets) else 0.0
+    return offsets, d, {"agent_job": keep.astype(np.int64)}
 
 
 def _mooncake_phase(a: Arrival, d: float | None, path: Path,

@@ -355,6 +355,28 @@ def validate(scenario_file: Path, overrides: tuple[str, ...]) -> None:
         click.echo(f"  action {action.name:<15} at {at:7.1f} s  {line}")
 
 
+@main.command("agent-trace")
+@click.argument("scenario_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("out_file", type=click.Path(dir_okay=False, path_type=Path))
+@_set_option
+def agent_trace(scenario_file: Path, out_file: Path, overrides: tuple[str, ...]) -> None:
+    """Write the agent jobs SCENARIO_FILE would send to OUT_FILE, an agent trace (JSON lines) that
+    `arrival: {type: trace, format: agents}` replays (docs/agents.md)."""
+    from latscope.scenario import load_scenario
+    from latscope.trace_writer import write_trace
+
+    try:
+        scenario = load_scenario(scenario_file, overrides)
+        if not any(c.agent is not None for c in scenario.workload.effective_classes()):
+            raise ScenarioError(f"{scenario_file}: no workload class has an `agent:`: there are no jobs to write")
+        jobs = write_trace(scenario, out_file)
+    except ScenarioError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    except OSError as exc:
+        _fail(f"cannot write {out_file}: {exc}", EXIT_BAD_INPUT)
+    click.echo(f"{out_file}: {jobs:,} agent jobs")
+
+
 @main.command()
 @click.argument("url", required=False)
 @click.option("-o", "--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), default="latscope.yaml",

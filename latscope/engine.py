@@ -350,8 +350,9 @@ class Engine:
             if self.in_flight >= self.cap:
                 if self.overflow == "drop":
                     count(cls, warm, DROPPED)
-                    if request.session is not None and (follow := self.chat.after(request, None)) is not None:
-                        self._push(follow)
+                    if request.session is not None:
+                        for follow in self.chat.after(request, None):
+                            self._push(follow)
                     continue
                 count(cls, warm, LATE)
                 while self.in_flight >= self.cap and not self.stopping:
@@ -391,9 +392,10 @@ class Engine:
         self.measure.record(request, outcome)
         self.settled += 1
         if request.session is not None:
-            if (follow := self.chat.after(request, outcome)) is not None:
+            follows = self.chat.after(request, outcome)
+            for follow in follows:
                 self._push(follow)
-            else:
+            if not follows:
                 self._wake()  # a session ended: the send loop may be waiting only for that
 
     @property

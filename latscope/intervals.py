@@ -51,11 +51,16 @@ A session's turn k is also recorded by turn: latency, ttft, itl and tpot under `
 the class `<class>#k`, and its counters (completed, errors, prompt tokens, cached prompt tokens, the
 prompt tokens of answers that said how many were cached) in the report's `turns`. The prefix-cache
 hit rate is cached / cache_reported_prompt_tokens: only answers whose server said count.
+
+Agents: every completed answer's tool calls count in `tool_calls` (those whose arguments are no JSON
+object in `tool_calls_invalid` too); an agent's completed job (chat.py) is recorded by `record_job`. A
+round that missed its class's goodput objectives (or failed: its job ends) marks its job not good
+(`Conversation.missed`; a sub-agent's round marks the job it reports to).
 """
 
 from __future__ import annotations
 
-from latscope.records import IntervalReport, Outcome, Probe, Request
+from latscope.records import Conversation, IntervalReport, Outcome, Probe, Request
 from latscope.recorder import Recorder
 from latscope.request_log import NULL, RequestLog
 from latscope.results.schema import (CACHE_REPORTED, CACHED_TOKENS, CANCELLED, COMPLETED, COUNTERS, EMPTY, ERROR_INDEX,
@@ -67,6 +72,8 @@ from latscope.results.schema import (OUTPUT_BY_TOKENIZER, OUTPUT_CHECKED, OUTPUT
                                      OUTPUT_LONG, OUTPUT_SHORT, OUTPUT_SHORT_TOKENS, OUTPUT_UNCOUNTED, PROMPT_ABOVE,
                                      PROMPT_ABOVE_MAX, PROMPT_BELOW, PROMPT_BELOW_MAX, PROMPT_CHECKED, PROMPT_DIFFER,
                                      PROMPT_FROM_PLAN, PROMPT_FROM_USAGE)
+from latscope.results.schema import (JOB_CACHED_TOKENS, JOB_CONTEXT_TOKENS, JOB_PROMPT_TOKENS, JOB_ROUNDS, JOBS_GOOD,
+                                     TOOL_CALLS, TOOL_CALLS_INVALID)
 from latscope.scenario import scrub
 
 MAX_ERROR_EXAMPLES = 5  # distinct error messages kept per kind
@@ -123,7 +130,7 @@ class IntervalRecorder:
         """A sent request's outcome."""
         name, warm = self.class_names[request.cls], request.warmup
         record = self.recorder.record
-        if request.turn:
+        if request.turn and request.session.reports_to is None:  # by round: a job's own, not its sub-agents'
             self._record_turn(request, outcome)
         send_lag_us = (outcome.sent_ns - request.intended_ns) // 1000
         record("send_lag", name, send_lag_us, warm)
@@ -177,6 +184,8 @@ class IntervalRecorder:
                 row = self._row(request.cls, warm)
                 row[GOOD] += 1
                 row[GOOD_OUTPUT_TOKENS] += outcome.output_tokens or len(outcome.token_ns or ())
+            elif limits is not None and request.session is not None:  # its job is not good either (chat.py)
+                (request.session.reports_to or request.session).missed = True
         else:
             self.count(request.cls, warm, ERROR_INDEX[outcome.error])
             examples = self.error_examples.setdefault(outcome.error, [])
@@ -238,6 +247,8 @@ class IntervalRecorder:
                 if tokens - reasoning > 1:
                     record("content_tpot", name, (outcome.end_ns - content) // 1000 // (tokens - reasoning - 1), warm)
         row = self._row(request.cls, warm)
+        row[TOOL_CALLS] += outcome.tool_calls
+        row[TOOL_CALLS_INVALID] += outcome.tool_calls_invalid
         row[REASONING_TOKENS] += reasoning
         if not tokens and not outcome.items:
             row[EMPTY] += 1
@@ -319,6 +330,23 @@ class IntervalRecorder:
     def record_session(self, cls: int, warmup: bool, duration_us: int) -> None:
         """A completed session's duration (turn 1's intended time to its last answer's end)."""
         self.recorder.record("session_duration", self.class_names[cls], duration_us, warmup)
+
+    def record_job(self, cls: int, warmup: bool, job: Conversation, rounds: int, context_tokens: int,
+                   duration_us: int, good: bool) -> None:
+        """An agent's completed job (chat.py): its time, and its critical path's model and tool parts
+        (their sums are the job time: each round is intended at the last answer's end + its tool wait),
+        its rounds, the context of its last round, the prompt and cached tokens of its rounds, whether
+        it met every objective (`good`)."""
+        name, record = self.class_names[cls], self.recorder.record
+        record("job_time", name, duration_us, warmup)
+        record("job_model_time", name, job.model_ns // 1000, warmup)
+        record("job_tool_time", name, job.tool_ns // 1000, warmup)
+        row = self._row(cls, warmup)
+        row[JOB_ROUNDS] += rounds
+        row[JOB_CONTEXT_TOKENS] += context_tokens
+        row[JOB_PROMPT_TOKENS] += job.prompt_tokens
+        row[JOB_CACHED_TOKENS] += job.cached_tokens
+        row[JOBS_GOOD] += good
 
     def record_generator(self, metric: str, value_us: int, warmup: bool) -> None:
         """A measurement of the generator itself (loop_lag, gc_pause), under class "all"; one that just

@@ -17,6 +17,7 @@ from latscope import arrivals
 from latscope.mooncake import ReplayLimits
 from latscope.scenario import PROTOCOLS, LengthDist, Phase, Scenario
 from latscope.scenario.base import DataPath
+from latscope.agent_trace import read_trace as read_agent_trace, turns_of
 from latscope.sessions import Turns, draw_sessions
 from latscope.workload import (SESSION_STREAM, VOCABULARY, class_prompts, draw_lengths, plays_conversations,
                                read_conversations, seed_streams)
@@ -159,7 +160,8 @@ def build_plan(scenario: Scenario) -> Plan:
     blocks = _blocks(trace_lengths, phase_ids, n)
     _dataset_lengths(scenario, cls, item, prompt_tokens, blocks)
     users = _users(scenario, phase)
-    session, turns = _sessions(scenario, cls, users, seeds, prompt_tokens, output_tokens, item)
+    replayed = _agent_jobs(scenario, trace_lengths, phase_ids, phase, n)
+    session, turns = _sessions(scenario, cls, users, seeds, prompt_tokens, output_tokens, item, replayed)
     return Plan(offsets_s, phase, cls, phases, names, prompt_tokens, output_tokens, item, session, turns, users,
                 int(seeds[len(scenario.phases) + SESSION_STREAM].generate_state(1, np.uint64)[0]), blocks)
 
@@ -213,31 +215,56 @@ def _users(scenario: Scenario, phase: np.ndarray) -> np.ndarray | None:
     return users
 
 
+def _agent_jobs(scenario: Scenario, trace_lengths: list[dict[str, np.ndarray]], phase_ids: list[np.ndarray],
+                phase: np.ndarray, n: int) -> list | None:
+    """Each of the first `n` rows' agent trace job (agent_trace.TraceJob) and its place in the trace, for the
+    rows of an agent trace phase (None elsewhere); None when no phase replays one."""
+    if not any("agent_job" in lengths for lengths in trace_lengths):
+        return None
+    jobs: list = []
+    for i, (lengths, ids) in enumerate(zip(trace_lengths, phase_ids)):
+        if "agent_job" in lengths:
+            trace = read_agent_trace(scenario.resolve_path(scenario.phases[i].arrival.file), 1 << 62)
+            jobs += [(trace.jobs[j], int(j)) for j in lengths["agent_job"]]
+        else:
+            jobs += [None] * len(ids)
+    return jobs[:n]
+
+
 def _sessions(scenario: Scenario, cls: np.ndarray, users: np.ndarray | None, seeds: list, prompt_tokens: np.ndarray,
-              output_tokens: np.ndarray, item: np.ndarray) -> tuple[np.ndarray | None, Turns | None]:
-    """The open-loop session rows' sessions (class by class), their first turns written into the rows."""
+              output_tokens: np.ndarray, item: np.ndarray, replayed: list | None) -> tuple[np.ndarray | None, Turns | None]:
+    """The open-loop session rows' sessions (class by class), their first turns written into the rows; an
+    agent trace phase's rows replay their jobs (`replayed`: each row's, None where a row draws its own)."""
     classes = scenario.workload.effective_classes()
-    if not any(c.session for c in classes):
+    if not any(c.conversation for c in classes):
         return None, None
     rng = np.random.default_rng(seeds[len(scenario.phases) + SESSION_STREAM].spawn(1)[0])
     session = np.full(len(cls), -1, np.int64)
     parts: list[Turns] = []
     count = 0
     for c, wc in enumerate(classes):
-        if wc.session is None:
+        if wc.conversation is None:
             continue
         mine = np.flatnonzero((cls == c) & (users < 0 if users is not None else True))
-        drawn = draw_sessions(scenario, c, len(mine), rng, default_prompt(scenario, c), human_turns(scenario, c))
-        session[mine] = count + np.arange(len(mine))
-        first = drawn.first
-        prompt_tokens[mine], output_tokens[mine], item[mine] = (drawn.prompt_tokens[first], drawn.output_tokens[first],
-                                                                drawn.item[first])
-        parts.append(drawn)
-        count += len(mine)
+        replay = np.array([replayed[r] is not None for r in mine], bool) if replayed is not None else np.zeros(len(mine), bool)
+        for rows, replays in ((mine[~replay], False), (mine[replay], True)):
+            if not replays:
+                drawn = draw_sessions(scenario, c, len(rows), rng, default_prompt(scenario, c), human_turns(scenario, c))
+            elif len(rows):  # its trace's jobs (their places in the trace, for their sub-agents: chat.py)
+                jobs = [replayed[r] for r in rows]
+                drawn = turns_of([job for job, _ in jobs], int(rng.integers(0, 2**40)), np.array([j for _, j in jobs]))
+            else:
+                continue
+            session[rows] = count + np.arange(len(rows))
+            first = drawn.first
+            prompt_tokens[rows], output_tokens[rows], item[rows] = (drawn.prompt_tokens[first], drawn.output_tokens[first],
+                                                                    drawn.item[first])
+            parts.append(drawn)
+            count += len(rows)
     starts = np.cumsum([0] + [len(p.prompt_tokens) for p in parts[:-1]])
     turns = Turns(np.concatenate([p.first + s for p, s in zip(parts, starts)]),
                   *(np.concatenate([getattr(p, f) for p in parts])
-                    for f in ("count", "prefix", "prompt_tokens", "output_tokens", "think_s", "item")))
+                    for f in ("count", "prefix", "prompt_tokens", "output_tokens", "think_s", "item", "job")))
     return session, turns
 
 

@@ -71,6 +71,8 @@ class Outcome:
     prompt_from_usage: bool = False  # prompt_tokens is the server's own count (usage), not the plan's
     output_by_tokenizer: bool = False  # output_tokens counted by workload.tokenizer on the answer's text
     items: int = 0  # a batch protocol's items in the request: embeddings' inputs, rerank's documents (0: none)
+    tool_calls: int = 0  # the tool calls the answer made (streamed: their arguments accumulated)
+    tool_calls_invalid: int = 0  # of those, the ones whose arguments do not parse as a JSON object
 
 
 @dataclass(slots=True)
@@ -80,7 +82,7 @@ class Conversation:
     to `history`, in the client's own form (for the OpenAI client: the serialized messages so far),
     so a long history is appended to, never serialized again. `carried` is that history's size in
     bytes, which the client keeps up to date and chat.py bounds (session.max_history_bytes,
-    limits.max_carried_bytes_per_worker)."""
+    limits.max_carried_bytes_per_worker). An agent's job is one too (docs/agents.md)."""
 
     id: int  # the session's number: the plan row it started from, or a closed-loop user's next
     cls: int
@@ -91,6 +93,19 @@ class Conversation:
     user: int = -1  # the closed-loop user running it (-1: an open-loop session)
     history: Any = None  # the client's form of the turns so far, and the one being sent (None: none yet)
     carried: int = 0  # bytes `history` holds (the client's count)
+    # An agent's job (docs/agents.md): the tool calls of the last answer, (id, name) each, which the next
+    # round's tool result answers (the client sets them with the answer and takes them with the next
+    # round); its sub-agents' reports; its critical path so far (chat.py): rounds' latencies and tool
+    # waits, prompt and cached tokens.
+    calls: tuple[tuple[str, str], ...] = ()
+    reports_to: Conversation | None = None  # a sub-agent: the job it reports to (its last answer, `answer`, kept for it)
+    answer: str = ""
+    reports: list[str] = field(default_factory=list)  # a job's sub-agents' final answers, for its next round
+    missed: bool = False  # a round of the job (or of its sub-agents) missed the class's goodput objectives
+    model_ns: int = 0
+    tool_ns: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
 
 
 @dataclass(slots=True)

@@ -9,6 +9,11 @@ drawn whole, up front, like every other request of the plan:
                  (think_1 = 0: the first turn is sent at the session's arrival)
     per session  prefix ∈ {0 … variants − 1} (the shared system prompt it opens with; −1: none)
 
+An agent class's jobs are drawn the same way (WorkloadClass.conversation: rounds are turns, tool
+latencies think times), except that rounds 2…T's new text is the tool result: prompt_tokens_k ~
+agent.tool_result_tokens when given. A job's sub-agents (agent.fan_out) are drawn when it fans out,
+from a stream of the job's own (`sub_agents`).
+
 Only *when* turns 2…T go is left to the run: turn k + 1 is intended at the end of turn k's answer
 plus think_{k+1} (its latency counts from then), which is what a person at a chat window does. An open-loop
 phase's arrivals are session starts; a closed-loop phase (`arrival: {type: users}`) has one plan row
@@ -26,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from latscope.scenario import Scenario
-from latscope.scenario.workload import MAX_TURNS, ThinkDist, WorkloadClass
+from latscope.scenario.workload import MAX_FAN_OUT, MAX_TURNS, ThinkDist, WorkloadClass
 from latscope.workload import draw_lengths
 
 
@@ -41,6 +46,7 @@ class Turns:
     output_tokens: np.ndarray  # int32 per turn (0: not set)
     think_s: np.ndarray  # float64 per turn: the pause before it (0 for a first turn)
     item: np.ndarray  # int64 per turn: which synthetic text or conversation it takes
+    job: np.ndarray  # int64 per session: the agent trace job it replays (agent_trace.py; -1: drawn)
 
     def __len__(self) -> int:
         return len(self.first)
@@ -65,13 +71,13 @@ def draw_think(dist: ThinkDist, n: int, rng: np.random.Generator) -> np.ndarray:
     raise AssertionError(f"unhandled think-time distribution {dist.dist}")
 
 
-def draw_sessions(scenario: Scenario, c: int, n: int, rng: np.random.Generator,
-                  default_prompt: int, human_turns: list[int] | None) -> Turns:
-    """`n` sessions of class `c`. `default_prompt`: the prompt length when the class gives none (the
-    protocol's default); `human_turns`: each ShareGPT conversation's number of human turns, when the
-    class plays a dataset's conversations."""
-    wc: WorkloadClass = scenario.workload.effective_classes()[c]
-    session = wc.session
+def draw_sessions(scenario: Scenario, c: int, n: int, rng: np.random.Generator, default_prompt: int,
+                  human_turns: list[int] | None, wc: WorkloadClass | None = None) -> Turns:
+    """`n` sessions of class `c` (or of `wc`, a class drawn in its place: a sub-agent). `default_prompt`:
+    the prompt length when the class gives none (the protocol's default); `human_turns`: each ShareGPT
+    conversation's number of human turns, when the class plays a dataset's conversations."""
+    wc = wc or scenario.workload.effective_classes()[c]
+    session = wc.conversation
     where = ("workload", "classes", c)
     item0 = rng.integers(0, 2**62, size=n, dtype=np.int64)  # a session's first item (its conversation)
     if session is not None and session.turns is not None:
@@ -93,6 +99,11 @@ def draw_sessions(scenario: Scenario, c: int, n: int, rng: np.random.Generator,
         else:
             with scenario.about((*where, field, "file")):
                 lengths.append(draw_lengths(dist, total, rng, scenario))
+    if wc.agent is not None and wc.agent.tool_result_tokens is not None:  # rounds 2… carry a tool result
+        later = np.ones(total, bool)
+        later[first] = False
+        with scenario.about((*where, "agent", "tool_result_tokens", "file")):
+            lengths[0][later] = draw_lengths(wc.agent.tool_result_tokens, int(later.sum()), rng, scenario)
     think = draw_think(session.think_time, total, rng) if session is not None else np.zeros(total)
     think[first] = 0.0
     item = rng.integers(0, 2**62, size=total, dtype=np.int64)
@@ -100,7 +111,22 @@ def draw_sessions(scenario: Scenario, c: int, n: int, rng: np.random.Generator,
         item = np.repeat(item0, count)
     shared = session.shared_prefix if session is not None else None
     prefix = rng.integers(0, shared.variants, size=n).astype(np.int32) if shared else np.full(n, -1, np.int32)
-    return Turns(first, count, prefix, lengths[0], lengths[1], think, item)
+    return Turns(first, count, prefix, lengths[0], lengths[1], think, item, np.full(n, -1, np.int64))
+
+
+def sub_agents(scenario: Scenario, c: int, entropy: int, job: int, default_prompt: int) -> Turns:
+    """Job `job`'s sub-agents at its fan-out (agent.fan_out of class `c`): how many, and each one's
+    rounds, lengths and tool waits, from a stream of the job's own (`entropy`: the run's session seed),
+    so the same seed gives the same sub-agents whichever worker runs the job."""
+    wc = scenario.workload.effective_classes()[c]
+    fan_out = wc.agent.fan_out
+    rng = np.random.default_rng([entropy, 1 << 40, job])  # no user's stream: those are [entropy, user, k]
+    where = ("workload", "classes", c, "agent", "fan_out")
+    with scenario.about((*where, "agents", "file")):
+        k = min(int(draw_lengths(fan_out.agents, 1, rng, scenario)[0]), MAX_FAN_OUT)
+    sub = wc.model_copy(update={"agent": wc.agent.sub_agent(), "prompt_tokens": fan_out.prompt_tokens or wc.prompt_tokens})
+    with scenario.about(where):
+        return draw_sessions(scenario, c, k, rng, default_prompt, None, sub)
 
 
 def user_session(scenario: Scenario, entropy: int, user: int, k: int, classes: np.ndarray, weights: np.ndarray,

@@ -347,6 +347,7 @@ class Payloads:
         self._prefix_tokens = [c.session.shared_prefix.tokens if c.session and c.session.shared_prefix else 0
                                for c in classes]
         self._prefixes: dict[tuple[int, int], str] = {}
+        self._tools = [c.agent.tools if c.agent is not None else None for c in classes]
         self._seed = text_seed(scenario)  # a Mooncake block's words
         self._tensors = [[make_tensors(c.tensors, rng, scenario, ("workload", "classes", i, "tensors"))
                           for _ in range(TENSOR_POOL)] if c.tensors else None for i, c in enumerate(classes)]
@@ -377,6 +378,17 @@ class Payloads:
             if len(self._prefixes) < MAX_PREFIXES_KEPT:
                 self._prefixes[key] = text
         return text
+
+    def tool_descriptions(self, cls: int) -> list[str] | None:
+        """An agent class's tools' descriptions (None: the class is no agent): `schema_tokens` words of the
+        synthetic text in all, split across its `count` tools, each from a place that depends only on
+        (class, tool), so every job of every worker declares the same tools (a prefix cache keeps them)."""
+        tools = self._tools[cls]
+        if tools is None:
+            return None
+        size, extra = divmod(tools.schema_tokens, tools.count)
+        return [self.synthetic_prompt(size + (i < extra), int(np.random.default_rng([cls, i, 1]).integers(0, len(self._words))))
+                for i in range(tools.count)]
 
     def get(self, request: Request) -> Payload:
         payload = Payload(max_tokens=request.output_tokens or None)

@@ -105,6 +105,10 @@ def main() -> None:
 @_option("--reasoning-tokens", type=click.IntRange(min=0), default=0,
          help="Reasoning tokens a chat, responses or messages answer starts with unless the request asks for "
               "another count (they count toward its max_tokens, as OpenAI and Anthropic count them).")
+@_option("--tool-call-rate", type=click.FloatRange(0, 1), default=1.0,
+         help="Chance that a chat, responses or messages request declaring tools is answered with a call of one of "
+              "them (the same tokens, as the call's JSON arguments) instead of text; decided per request by a "
+              "Random seeded 0.")
 @_option("--adapter", "adapters", env="ADAPTER", multiple=True, callback=_adapters, metavar="NAME=FACTOR",
          help="A named adapter over the decoder (repeatable): model NAME on the generation APIs, costing FACTOR "
               "(1 to 16) model runs per token. Env: space-separated.")

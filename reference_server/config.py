@@ -65,6 +65,7 @@ class ServerConfig:
     # decode batch itself can hold (64 sequences x 1024 tokens x 8 KiB = 512 MiB), small for any host.
     prefix_cache_mb: int = 256
     reasoning_tokens: int = 0  # reasoning tokens of a chat / responses / messages answer unless the request says
+    tool_call_rate: float = 1.0  # in [0, 1]: chance that a request declaring tools is answered with a tool call
     # Named adapters over the decoder: (name, cost factor) pairs, factor = model runs per token (generation.py).
     adapters: tuple[tuple[str, float], ...] = ()
 

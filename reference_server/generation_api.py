@@ -1,7 +1,8 @@
 """Mounting text generation: the built-in decoder (built or reused from the cache, loaded and warmed up on ONNX
 Runtime), its continuous-batching generator, and every front end over it on /v1: openai_api.py
 (/v1/completions, /v1/chat/completions, /v1/models), responses_api.py (/v1/responses) and messages_api.py
-(/v1/messages), sharing the served model names (the decoder and its --adapter names) and --reasoning-tokens."""
+(/v1/messages), sharing the served model names (the decoder and its --adapter names), --reasoning-tokens and
+--tool-call-rate."""
 
 from __future__ import annotations
 
@@ -67,18 +68,19 @@ def mount_generator(app: web.Application, config: ServerConfig, metrics: Metrics
 
     models = TextModels(config.generator_name, dict(config.adapters))
     shared = dict(max_body_bytes=config.max_body_bytes, max_tokens_limit=config.max_tokens_limit,
-                  reasoning_tokens=config.reasoning_tokens, replica_id=app[REPLICA_ID])
+                  reasoning_tokens=config.reasoning_tokens, replica_id=app[REPLICA_ID],
+                  tool_call_rate=config.tool_call_rate)
     openai_api.add_routes(app, openai_api.OpenAIRoutes(generator, models, metrics, chat=False, **shared),
                           openai_api.OpenAIRoutes(generator, models, metrics, chat=True, **shared))
     responses_api.add_routes(app, responses_api.ResponsesRoutes(generator, models, metrics, **shared))
     messages_api.add_routes(app, messages_api.MessagesRoutes(generator, models, metrics, **shared))
     log.info("generator %s: continuous batching, at most %d sequences, %d waiting, %d prompt tokens prefilled per step, "
              "max_tokens <= %d, prefix cache "
-             "%s, %d reasoning tokens by default; POST /v1/completions, /v1/chat/completions, /v1/responses, "
-             "/v1/messages", config.generator_name, config.max_sequences, config.max_queue, config.max_prefill_tokens,
-             config.max_tokens_limit,
+             "%s, %d reasoning tokens by default, tool call rate %g; POST /v1/completions, /v1/chat/completions, "
+             "/v1/responses, /v1/messages", config.generator_name, config.max_sequences, config.max_queue,
+             config.max_prefill_tokens, config.max_tokens_limit,
              f"{config.prefix_cache_mb} MiB" if config.prefix_cache_mb else "off (--prefix-cache-mb 0)",
-             config.reasoning_tokens)
+             config.reasoning_tokens, config.tool_call_rate)
     for name, factor in config.adapters:
         log.info("adapter %s: over %s, cost factor %g (model runs per token)", name, config.generator_name, factor)
     return generator

@@ -116,6 +116,8 @@ class Metrics:
         # Text generation (openai_api.py, generation.py); the server points the two gauges at its generator.
         self.generation_requests = Counter(f"{PREFIX}_generation_requests", "Generation requests admitted, by API "
                                            "(completions, chat, responses, messages) and streaming", ["api", "stream"], registry=r)
+        self.tool_calls = Counter(f"{PREFIX}_tool_calls", "Generation requests answered with a tool call, by API "
+                                  "(chat, responses, messages)", ["api"], registry=r)
         self.generated_tokens = Counter(f"{PREFIX}_generated_tokens", "Tokens generated (by prefills and decode "
                                         "steps; an adapter's thrown-away runs make none)", registry=r)
         self.ttft_seconds = Histogram(f"{PREFIX}_time_to_first_token_seconds", "Generation: request received to "

@@ -17,6 +17,18 @@ vLLM's field) before the `delta.content` ones; a whole answer has `message.reaso
 `message.content`. `usage.completion_tokens` counts them too, and chat's usage always carries
 `completion_tokens_details.reasoning_tokens` (R), as OpenAI's does.
 
+Tools (chat only; tools.py): `tools` is a list of `{"type": "function", "function": {"name", "description",
+"parameters"}}` (`tool_choice` and `parallel_tool_calls` are accepted and ignored). With tools, an answer may be
+a call (--tool-call-rate): whole, `message: {"role": "assistant", "content": null, "tool_calls": [{"id":
+"call_<hex>", "type": "function", "function": {"name", "arguments"}}]}` (and `reasoning_content` when R > 0),
+finish_reason "tool_calls"; streamed, after the role chunk and any reasoning chunks, one chunk per token with
+`delta: {"tool_calls": [{"index": 0, "id", "type": "function", "function": {"name", "arguments": PIECE}}]}` on
+the first and `delta: {"tool_calls": [{"index": 0, "function": {"arguments": PIECE}}]}` after, the last with
+finish_reason "tool_calls". Carried-back history: an assistant message's `tool_calls` (each `{"id", "type":
+"function", "function": {"name", "arguments"}}`, strings; its `content` may be null) render after its content
+in its line, `assistant: CONTENT NAME ARGUMENTS`; a `{"role": "tool", "tool_call_id", "content"}` message is a
+`tool: CONTENT` line.
+
 Server-Timing (ms): non-streaming answers carry deser (parsing and tokenizing the body already read),
 queue (submission to the start of its prefill run), prefill (that run, shared by the prompts prefilled
 with it), decode (first token to last token) and ser (encoding the answer). A streaming answer sends
@@ -37,6 +49,7 @@ from aiohttp import web
 
 from reference_server.text_api import (ApiError, Job, TextRequest, TextRoutes, chat_prompt, check_context, encode,
                                        is_int, max_tokens_of, object_body, reasoning_of, render, stream_flag)
+from reference_server.tools import Tool, arguments, arguments_piece, chat_tools, new_id, with_calls, with_tools
 
 
 # --- request parsing -----------------------------------------------------------------------------------
@@ -55,17 +68,42 @@ def _text_of(content: Any, index: int) -> str:
     raise ApiError(400, f"messages[{index}].content must be a string or a list of text parts", param="messages")
 
 
-def _prompt_ids(body: dict[str, Any], chat: bool, vocab: int) -> list[int]:
+def _calls_of(calls: Any, index: int) -> list[tuple[str, str]]:
+    """An assistant message's `tool_calls` as (name, arguments) pairs."""
+    if not isinstance(calls, list):
+        raise ApiError(400, f"messages[{index}].tool_calls must be a list", param="messages")
+    pairs = []
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not (isinstance(function, dict) and isinstance(call.get("id"), str)
+                and call.get("type", "function") == "function" and isinstance(function.get("name"), str)
+                and isinstance(function.get("arguments"), str)):
+            raise ApiError(400, f"messages[{index}].tool_calls[{j}] must be {{\"id\", \"type\": \"function\", "
+                                f"\"function\": {{\"name\", \"arguments\"}}}} with string id, name and arguments",
+                           param="messages")
+        pairs.append((function["name"], function["arguments"]))
+    return pairs
+
+
+def _chat_line(m: Any, index: int) -> dict[str, str]:
+    """One message as a transcript line: its role, and its content followed by any tool calls it carries."""
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        raise ApiError(400, f"messages[{index}] must be an object with a string 'role'", param="messages")
+    if m["role"] == "tool" and not isinstance(m.get("tool_call_id"), str):
+        raise ApiError(400, f"messages[{index}].tool_call_id is required in a tool message (a string)",
+                       param="messages")
+    content = _text_of(m.get("content"), index)
+    if m.get("tool_calls") is not None:
+        content = with_calls(content, _calls_of(m["tool_calls"], index))
+    return {"role": m["role"], "content": content}
+
+
+def _prompt_ids(body: dict[str, Any], chat: bool, vocab: int, tools: list[Tool]) -> list[int]:
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise ApiError(400, "'messages' is required: a non-empty list of {role, content}", param="messages")
-        cleaned = []
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise ApiError(400, f"messages[{i}] must be an object with a string 'role'", param="messages")
-            cleaned.append({"role": m["role"], "content": _text_of(m.get("content"), i)})
-        return encode(chat_prompt(cleaned), vocab)
+        return encode(with_tools(tools, chat_prompt([_chat_line(m, i) for i, m in enumerate(messages)])), vocab)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one prompt
@@ -114,13 +152,23 @@ class _Answer:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
         return _sse(self._envelope("text_completion", [choice]))
 
+    def call_chunk(self, call: dict[str, Any], finish_reason: str | None) -> bytes:
+        """A chat chunk of the tool call `call` (`{"index": 0, ...}`, the delta's one entry)."""
+        choice = {"index": 0, "delta": {"tool_calls": [call]}, "logprobs": None, "finish_reason": finish_reason}
+        return _sse(self._envelope("chat.completion.chunk", [choice]))
+
     def usage_chunk(self, usage: dict[str, Any]) -> bytes:
         return _sse(self._envelope("chat.completion.chunk" if self.chat else "text_completion", [], usage=usage))
 
-    def complete(self, text: str, usage: dict[str, Any], reasoning: str = "") -> dict[str, Any]:
+    def complete(self, text: str, usage: dict[str, Any], reasoning: str = "",
+                 call: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The whole answer; a chat answer with `call` (a tool_calls entry) has it instead of content."""
         if self.chat:
-            message = {"role": "assistant", "content": text, **({"reasoning_content": reasoning} if reasoning else {})}
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "length"}
+            message = {"role": "assistant", "content": None if call else text,
+                       **({"reasoning_content": reasoning} if reasoning else {}),
+                       **({"tool_calls": [call]} if call else {})}
+            choice = {"index": 0, "message": message, "logprobs": None,
+                      "finish_reason": "tool_calls" if call else "length"}
             return self._envelope("chat.completion", [choice], usage=usage)
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
         return self._envelope("text_completion", [choice], usage=usage)
@@ -157,7 +205,8 @@ class OpenAIRoutes(TextRoutes):
         chat, config = self.chat, self.generator.config
         model = body.get("model")
         self.models.factor(model)  # 400 without a model, 404 for one not served
-        prompt = _prompt_ids(body, chat, config.vocab)
+        tools = chat_tools(body.get("tools")) if chat else []
+        prompt = _prompt_ids(body, chat, config.vocab, tools)
         field = "max_completion_tokens" if chat and body.get("max_tokens") is None else "max_tokens"
         max_tokens = max_tokens_of(body.get(field), field, self.max_tokens_limit)
         check_context(prompt, max_tokens, config.max_context, "messages" if chat else "prompt")
@@ -172,19 +221,31 @@ class OpenAIRoutes(TextRoutes):
         reasoning = reasoning_of(body.get("reasoning_tokens"), "reasoning_tokens", self.reasoning_tokens,
                                  max_tokens) if chat else 0
         return TextRequest(model, prompt, max_tokens, reasoning, stream,
-                           {"chat": chat, "include_usage": bool(options.get("include_usage"))})
+                           {"chat": chat, "include_usage": bool(options.get("include_usage"))},
+                           self.choose_tool(tools, prompt, max_tokens - reasoning))
 
     def answer(self, job: Job, ids: list[int]) -> dict[str, Any]:
-        r = job.request.reasoning
-        return _Answer(self.chat, job.request.model).complete("".join(map(render, ids[r:])), _usage(job, len(ids)),
-                                                              "".join(map(render, ids[:r])))
+        r, tool = job.request.reasoning, job.request.tool
+        texts = [render(i) for i in ids[r:]]
+        call = None
+        if tool is not None:
+            call = {"id": new_id("call"), "type": "function",
+                    "function": {"name": tool.name, "arguments": arguments(tool.key, texts)}}
+        return _Answer(self.chat, job.request.model).complete("".join(texts), _usage(job, len(ids)),
+                                                              "".join(map(render, ids[:r])), call)
 
     async def stream(self, request: web.Request, job: Job) -> web.StreamResponse:
         answer = _Answer(self.chat, job.request.model)
-        last, reasoning = job.request.max_tokens - 1, job.request.reasoning
+        last, reasoning, tool = job.request.max_tokens - 1, job.request.reasoning, job.request.tool
+        call_id = new_id("call")
 
         def piece(index: int, token_id: int) -> bytes:
-            return answer.chunk(render(token_id), "length" if index == last else None, reasoning=index < reasoning)
+            if tool is None or index < reasoning:
+                return answer.chunk(render(token_id), "length" if index == last else None, reasoning=index < reasoning)
+            part = arguments_piece(tool.key, index - reasoning, render(token_id), index == last)
+            call = ({"index": 0, "id": call_id, "type": "function", "function": {"name": tool.name, "arguments": part}}
+                    if index == reasoning else {"index": 0, "function": {"arguments": part}})
+            return answer.call_chunk(call, "tool_calls" if index == last else None)
 
         def closing(count: int) -> bytes:
             usage = answer.usage_chunk(_usage(job, count)) if job.request.extra["include_usage"] else b""

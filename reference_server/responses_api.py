@@ -2,16 +2,19 @@
 
 Request: `model` (the decoder or an adapter), `input` (a string: one user message; or a list of message
 items `{"role", "content"}` with `content` a string or a list of `input_text` / `output_text` / `text`
-parts; `reasoning` items, as a client carrying its history sends them back, are skipped), `instructions`
+parts; `reasoning` items, as a client carrying its history sends them back, are skipped; a `function_call`
+item `{"call_id", "name", "arguments"}` is the line `assistant: NAME ARGUMENTS`, a `function_call_output` item
+`{"call_id", "output"}` (a string or text parts) the line `tool: OUTPUT`), `tools` (below), `instructions`
 (a system line before the input), `max_output_tokens` (default 16, at most --max-tokens-limit; reasoning
 included), `stream`, `previous_response_id`, `store` (default true), `reasoning_tokens` (this server's
 extension: R, else --reasoning-tokens; the openai client sends it in `extra_body`); `reasoning`,
-`temperature` and other sampling fields are accepted and ignored. The prompt is the chat transcript of
-text_api.chat_prompt ('role: content' lines, then 'assistant:').
+`temperature`, `tool_choice` and other sampling fields are accepted and ignored. The prompt is the chat
+transcript of text_api.chat_prompt ('role: content' lines, then 'assistant:'), after the tools line (tools.py).
 
 Sessions: a stored response (the last STORED_RESPONSES of this replica, at most STORED_CHARS characters in
 all, oldest dropped first) keeps its transcript (input messages and its answer's text, not its reasoning
-and not the instructions, which OpenAI does not carry over either); a request naming it in
+and not the instructions or tools, which OpenAI does not carry over either; a tool call as its
+`NAME ARGUMENTS` line); a request naming it in
 `previous_response_id` continues that transcript. An id not stored here: 400 (param previous_response_id).
 
 Answer: `output` is a `reasoning` item (when R > 0: `content: [{"type": "reasoning_text", "text"}]`) and a
@@ -28,13 +31,20 @@ response.output_item.added (the message), response.content_part.added, one respo
 token, response.output_text.done, response.content_part.done, response.output_item.done; last
 response.completed with the whole response and its usage. A model failure after the headers went out is an
 `error` event, and the stream ends. Errors before it are OpenAI-shaped (text_api.ApiError).
+
+Tools: `tools` is a list of `{"type": "function", "name", "description", "parameters"}` (echoed in the
+response's `tools`). An answer that calls one (--tool-call-rate, tools.py) has, in place of the message item, the
+item `{"type": "function_call", "id": "fc_<hex>", "call_id": "call_<hex>", "name", "arguments", "status"}`.
+Streamed, after any reasoning item: response.output_item.added (that item, `arguments` "", status
+in_progress), one response.function_call_arguments.delta `{item_id, output_index, delta: PIECE}` per token,
+response.function_call_arguments.done `{item_id, output_index, arguments}`, response.output_item.done (the
+item with its whole arguments, status completed), response.completed (its `output` holding the item).
 """
 
 from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections import OrderedDict
 from typing import Any
 
@@ -42,6 +52,7 @@ from aiohttp import web
 
 from reference_server.text_api import (ApiError, Job, TextRequest, TextRoutes, chat_prompt, check_context, encode,
                                        max_tokens_of, object_body, reasoning_of, render, stream_flag)
+from reference_server.tools import arguments, arguments_piece, new_id, responses_tools, with_calls, with_tools
 
 STORED_RESPONSES = 1024
 STORED_CHARS = 64 * 2**20
@@ -74,22 +85,37 @@ class ResponseStore:
             self.chars -= dropped
 
 
-def _content_text(content: Any, index: int) -> str:
+def _content_text(content: Any, where: str) -> str:
+    """A string, or the text of a list of text parts; `where` names the field in the error."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
         texts = []
         for part in content:
             if not (isinstance(part, dict) and part.get("type") in _TEXT_PARTS and isinstance(part.get("text"), str)):
-                raise ApiError(400, f"input[{index}].content: only text parts ({', '.join(_TEXT_PARTS)}) are "
-                                    f"supported", param="input")
+                raise ApiError(400, f"{where}: only text parts ({', '.join(_TEXT_PARTS)}) are supported",
+                               param="input")
             texts.append(part["text"])
         return "".join(texts)
-    raise ApiError(400, f"input[{index}].content must be a string or a list of text parts", param="input")
+    raise ApiError(400, f"{where} must be a string or a list of text parts", param="input")
+
+
+def _function_call(item: dict[str, Any], index: int) -> dict[str, str]:
+    if not all(isinstance(item.get(key), str) for key in ("call_id", "name", "arguments")):
+        raise ApiError(400, f"input[{index}]: a function_call item needs string call_id, name and arguments",
+                       param="input")
+    return {"role": "assistant", "content": with_calls("", [(item["name"], item["arguments"])])}
+
+
+def _function_call_output(item: dict[str, Any], index: int) -> dict[str, str]:
+    if not isinstance(item.get("call_id"), str):
+        raise ApiError(400, f"input[{index}]: a function_call_output item needs a string call_id", param="input")
+    return {"role": "tool", "content": _content_text(item.get("output"), f"input[{index}].output")}
 
 
 def _messages(value: Any) -> list[dict[str, str]]:
-    """The `input` as messages: a string is one user message; a list holds message items (reasoning skipped)."""
+    """The `input` as messages: a string is one user message; a list holds message items (reasoning skipped),
+    function_call items (assistant lines) and function_call_output items (tool lines)."""
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
@@ -101,15 +127,18 @@ def _messages(value: Any) -> list[dict[str, str]]:
         kind = item.get("type", "message")
         if kind == "reasoning":
             continue
-        if kind != "message" or not isinstance(item.get("role"), str):
-            raise ApiError(400, f"input[{i}]: only message items with a string 'role' (and reasoning items) are "
-                                f"supported, not type {kind!r}", param="input")
-        messages.append({"role": item["role"], "content": _content_text(item.get("content"), i)})
+        if kind == "function_call":
+            messages.append(_function_call(item, i))
+        elif kind == "function_call_output":
+            messages.append(_function_call_output(item, i))
+        elif kind == "message" and isinstance(item.get("role"), str):
+            content = _content_text(item.get("content"), f"input[{i}].content")
+            messages.append({"role": item["role"], "content": content})
+        else:
+            raise ApiError(400, f"input[{i}]: only message items with a string 'role', function_call, "
+                                f"function_call_output and reasoning items are supported, not type {kind!r}",
+                           param="input")
     return messages
-
-
-def _id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex}"
 
 
 class ResponsesRoutes(TextRoutes):
@@ -141,14 +170,16 @@ class ResponsesRoutes(TextRoutes):
         if not isinstance(body.get("reasoning") or {}, dict):
             raise ApiError(400, "'reasoning' must be an object like {\"effort\": \"low\"}", param="reasoning")
         system = [{"role": "system", "content": instructions}] if instructions else []
+        tools = responses_tools(body.get("tools"))
         config = self.generator.config
-        prompt = encode(chat_prompt(system + messages), config.vocab)
+        prompt = encode(with_tools(tools, chat_prompt(system + messages)), config.vocab)
         max_tokens = max_tokens_of(body.get("max_output_tokens"), "max_output_tokens", self.max_tokens_limit)
         check_context(prompt, max_tokens, config.max_context, "input")
         reasoning = reasoning_of(body.get("reasoning_tokens"), "reasoning_tokens", self.reasoning_tokens, max_tokens)
         return TextRequest(model, prompt, max_tokens, reasoning, stream_flag(body),
                            {"messages": messages, "instructions": instructions, "store": store,
-                            "previous_response_id": previous_id})
+                            "previous_response_id": previous_id, "tools": body.get("tools") or []},
+                           self.choose_tool(tools, prompt, max_tokens - reasoning))
 
     # --- the answer's objects ---
 
@@ -160,7 +191,7 @@ class ResponsesRoutes(TextRoutes):
                 "max_output_tokens": job.request.max_tokens, "model": job.request.model, "output": output,
                 "parallel_tool_calls": True, "previous_response_id": extra["previous_response_id"],
                 "reasoning": {"effort": None, "summary": None}, "store": extra["store"], "temperature": 1.0,
-                "text": {"format": {"type": "text"}}, "tool_choice": "auto", "tools": [], "top_p": 1.0,
+                "text": {"format": {"type": "text"}}, "tool_choice": "auto", "tools": extra["tools"], "top_p": 1.0,
                 "truncation": "disabled", "usage": usage, "metadata": {}}
 
     @staticmethod
@@ -181,34 +212,53 @@ class ResponsesRoutes(TextRoutes):
         content = [] if text is None else [_output_text(text)]
         return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": content}
 
-    def _output(self, reasoning: str | None, text: str | None, ids: tuple[str, str]) -> list[dict[str, Any]]:
-        return [*([self._reasoning_item(ids[0], reasoning, "completed")] if reasoning is not None else []),
-                *([self._message_item(ids[1], text, "completed")] if text is not None else [])]
+    @staticmethod
+    def _item_ids(job: Job) -> tuple[str, str, str]:
+        """Ids of an answer's items: the reasoning item, the message or function_call item, the call."""
+        return new_id("rs"), new_id("msg" if job.request.tool is None else "fc"), new_id("call")
 
-    def _remember(self, job: Job, response_id: str, text: str) -> None:
+    def _answer_item(self, job: Job, ids: tuple[str, str, str], text: str | None, status: str) -> dict[str, Any]:
+        """The message item (`text`: its text, None while in progress), or with a tool call the function_call
+        item (`text`: its arguments)."""
+        tool = job.request.tool
+        if tool is None:
+            return self._message_item(ids[1], text, status)
+        return {"type": "function_call", "id": ids[1], "call_id": ids[2], "name": tool.name,
+                "arguments": text or "", "status": status}
+
+    def _output(self, job: Job, ids: tuple[str, str, str], reasoning: str | None,
+                text: str | None) -> list[dict[str, Any]]:
+        return [*([self._reasoning_item(ids[0], reasoning, "completed")] if reasoning is not None else []),
+                *([self._answer_item(job, ids, text, "completed")] if text is not None else [])]
+
+    def _remember(self, job: Job, response_id: str, text: str | None) -> None:
+        """Store the transcript: the input, then the answer's text or `NAME ARGUMENTS` (`text`: the arguments)."""
         if job.request.extra["store"]:
-            self.store.put(response_id, [*job.request.extra["messages"], {"role": "assistant", "content": text}])
+            tool = job.request.tool
+            said = with_calls("", [(tool.name, text or "")]) if tool is not None else text or ""
+            self.store.put(response_id, [*job.request.extra["messages"], {"role": "assistant", "content": said}])
 
     # --- serving ---
 
     def answer(self, job: Job, ids: list[int]) -> dict[str, Any]:
-        r, n = job.request.reasoning, len(ids)
+        r, n, tool = job.request.reasoning, len(ids), job.request.tool
         reasoning = "".join(map(render, ids[:r])) if r else None
-        text = "".join(map(render, ids[r:])) if n > r else None
-        response_id = _id("resp")
-        doc = self._response(job, response_id, int(time.time()), self._output(reasoning, text, (_id("rs"), _id("msg"))),
-                             self._usage(job, n), "completed")
-        self._remember(job, response_id, text or "")
+        texts = [render(i) for i in ids[r:]]
+        text = None if n <= r else arguments(tool.key, texts) if tool is not None else "".join(texts)
+        response_id = new_id("resp")
+        output = self._output(job, self._item_ids(job), reasoning, text)
+        doc = self._response(job, response_id, int(time.time()), output, self._usage(job, n), "completed")
+        self._remember(job, response_id, text)
         return doc
 
     async def stream(self, request: web.Request, job: Job) -> web.StreamResponse:
-        response_id, created = _id("resp"), int(time.time())
-        r = job.request.reasoning
-        item_ids = (_id("rs"), _id("msg"))
+        response_id, created = new_id("resp"), int(time.time())
+        r, tool, last = job.request.reasoning, job.request.tool, job.request.max_tokens - 1
+        item_ids = self._item_ids(job)
         message_index = 1 if r else 0
         sequence = 0
         thought: list[str] = []
-        said: list[str] = []
+        said: list[str] = []  # the answer's words, or with a tool call its arguments' pieces
 
         def event(kind: str, **fields: Any) -> bytes:
             nonlocal sequence
@@ -223,11 +273,34 @@ class ResponsesRoutes(TextRoutes):
                     + event("response.output_item.done", output_index=0,
                             item=self._reasoning_item(item_ids[0], text, "completed")))
 
-        def start_message() -> bytes:
-            return (event("response.output_item.added", output_index=message_index,
-                          item=self._message_item(item_ids[1], None, "in_progress"))
-                    + event("response.content_part.added", item_id=item_ids[1], output_index=message_index,
-                            content_index=0, part=_output_text("")))
+        def start_answer() -> bytes:
+            added = event("response.output_item.added", output_index=message_index,
+                          item=self._answer_item(job, item_ids, None, "in_progress"))
+            if tool is not None:
+                return added
+            return added + event("response.content_part.added", item_id=item_ids[1], output_index=message_index,
+                                 content_index=0, part=_output_text(""))
+
+        def delta(index: int, word: str) -> bytes:
+            if tool is not None:
+                said.append(arguments_piece(tool.key, index - r, word, index == last))
+                return event("response.function_call_arguments.delta", item_id=item_ids[1], output_index=message_index,
+                             delta=said[-1])
+            said.append(word)
+            return event("response.output_text.delta", item_id=item_ids[1], output_index=message_index,
+                         content_index=0, delta=word, logprobs=[])
+
+        def end_answer(text: str) -> bytes:
+            if tool is not None:
+                out = event("response.function_call_arguments.done", item_id=item_ids[1], output_index=message_index,
+                            arguments=text)
+            else:
+                out = (event("response.output_text.done", item_id=item_ids[1], output_index=message_index,
+                             content_index=0, text=text, logprobs=[])
+                       + event("response.content_part.done", item_id=item_ids[1], output_index=message_index,
+                               content_index=0, part=_output_text(text)))
+            return out + event("response.output_item.done", output_index=message_index,
+                               item=self._answer_item(job, item_ids, text, "completed"))
 
         def piece(index: int, token_id: int) -> bytes:
             word = render(token_id)
@@ -235,28 +308,20 @@ class ResponsesRoutes(TextRoutes):
                 thought.append(word)
                 return event("response.reasoning_text.delta", item_id=item_ids[0], output_index=0, content_index=0,
                              delta=word)
-            said.append(word)
-            head = (end_reasoning() if r else b"") + start_message() if index == r else b""
-            return head + event("response.output_text.delta", item_id=item_ids[1], output_index=message_index,
-                                content_index=0, delta=word, logprobs=[])
+            head = (end_reasoning() if r else b"") + start_answer() if index == r else b""
+            return head + delta(index, word)
 
         def closing(count: int) -> bytes:
             out = []
-            if count <= r:  # all reasoning (or cut short inside it): no message item
+            text = "".join(said) if count > r else None
+            if text is None:  # all reasoning (or cut short inside it): no message item
                 out.append(end_reasoning() if r else b"")
             else:
-                text = "".join(said)
-                out += [event("response.output_text.done", item_id=item_ids[1], output_index=message_index,
-                              content_index=0, text=text, logprobs=[]),
-                        event("response.content_part.done", item_id=item_ids[1], output_index=message_index,
-                              content_index=0, part=_output_text(text)),
-                        event("response.output_item.done", output_index=message_index,
-                              item=self._message_item(item_ids[1], text, "completed"))]
+                out.append(end_answer(text))
             reasoning = "".join(thought) if r else None
-            text = "".join(said) if count > r else None
-            whole = self._response(job, response_id, created, self._output(reasoning, text, item_ids),
+            whole = self._response(job, response_id, created, self._output(job, item_ids, reasoning, text),
                                    self._usage(job, count), "completed")
-            self._remember(job, response_id, text or "")
+            self._remember(job, response_id, text)
             out.append(event("response.completed", response=whole))
             return b"".join(out)
 

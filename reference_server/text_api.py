@@ -10,7 +10,7 @@ Responses) and messages_api.py (Anthropic's Messages), all over the one decoder 
   reasoning, R = the request's count (each API says how it asks) else `--reasoning-tokens`, at most
   max_tokens. Reasoning tokens count toward max_tokens and the output count of usage, as OpenAI, Anthropic
   and vLLM count them; R >= max_tokens leaves an answer with reasoning only and no text.
-- **Errors**: `ApiError` carries the status and OpenAI's fields; `response()` is OpenAI's shape
+- **Errors**: `ApiError` (api_error.py) carries the status and OpenAI's fields; `response()` is OpenAI's shape
   `{"error": {"message", "type", "param", "code"}}`, a front end may render it in its own (Anthropic's).
 - **Serving one request** (`TextRoutes.handle`): read the body (bounded: 413 past `--max-body-bytes`), parse
   it (the front end's `parse`, into a `TextRequest`), submit it (429 + Retry-After when the queue is full),
@@ -23,6 +23,7 @@ Responses) and messages_api.py (Anthropic's Messages), all over the one decoder 
 from __future__ import annotations
 
 import json
+import random
 import re
 import time
 import zlib
@@ -31,14 +32,17 @@ from typing import Any, Callable
 
 from aiohttp import web
 
+from reference_server.api_error import ApiError
 from reference_server.batcher import Overloaded
 from reference_server.client_errors import BodyTooLarge, BodyUnreadable, read_body
 from reference_server.generation import ContextTooLong, Generation, GenerationFailed, Generator, Token
 from reference_server.metrics import Metrics
+from reference_server.tools import Tool
 
 RETRY_AFTER_S = 1
 DEFAULT_MAX_TOKENS = 16
 STATUS_CLIENT_GONE = 499  # the client closed the connection before the answer was ready (nginx's convention)
+TOOL_CALL_SEED = 0  # of the routes' Random that decides tool call or text (the server has no --seed)
 _WORD = re.compile(r"\S+")
 _SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"][:64]
 
@@ -66,19 +70,6 @@ def chat_prompt(messages: list[dict[str, Any]]) -> str:
 
 
 # --- errors, models, limits ----------------------------------------------------------------------------
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
-        self.headers = headers or {}
-
-    def response(self) -> web.Response:
-        """OpenAI's error shape."""
-        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-        return web.json_response(body, status=self.status, headers=self.headers)
-
 
 def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
@@ -190,6 +181,7 @@ class TextRequest:
     reasoning: int  # of the max_tokens, how many are reasoning
     stream: bool
     extra: dict[str, Any] = field(default_factory=dict)  # the front end's own (chat or not, include_usage, ...)
+    tool: Tool | None = None  # the tool the answer calls (its non-reasoning tokens are the arguments); None: text
 
 
 @dataclass
@@ -217,6 +209,8 @@ class TextRoutes:
     max_tokens_limit: int
     reasoning_tokens: int
     replica_id: str
+    tool_call_rate: float  # in [0, 1]: the chance that a request declaring tools is answered with a call
+    _rng: random.Random = field(init=False, repr=False, default_factory=lambda: random.Random(TOOL_CALL_SEED))
 
     def parse(self, body: Any) -> TextRequest:
         raise NotImplementedError
@@ -231,6 +225,14 @@ class TextRoutes:
     def error_response(self, exc: ApiError) -> web.Response:
         return exc.response()
 
+    def choose_tool(self, tools: list[Tool], prompt: list[int], answer_tokens: int) -> Tool | None:
+        """The tool a request's answer calls, or None for a text answer. With tools and `answer_tokens` (its
+        non-reasoning tokens) >= 1 it takes one draw of the routes' Random (seeded TOOL_CALL_SEED): below
+        tool_call_rate, `tools[len(prompt) % len(tools)]`."""
+        if not tools or answer_tokens < 1 or self._rng.random() >= self.tool_call_rate:
+            return None
+        return tools[len(prompt) % len(tools)]
+
     async def handle(self, request: web.Request) -> web.StreamResponse:
         arrived = time.perf_counter_ns()
         try:
@@ -242,6 +244,8 @@ class TextRoutes:
         except ApiError as exc:
             return self.error_response(exc)
         self.metrics.generation_requests.labels(self.api, str(parsed.stream).lower()).inc()
+        if parsed.tool is not None:
+            self.metrics.tool_calls.labels(self.api).inc()
         job = Job(parsed, generation, arrived, deser_ns)
         try:
             if parsed.stream:

@@ -1,5 +1,6 @@
 """Readers of a results directory's files that only the tests need (latscope itself reads a run
-through latscope.analysis.run_data.load_run), and `run_cli_until`, a `latscope run` stopped by a signal."""
+through latscope.analysis.run_data.load_run), `run_cli_until`, a `latscope run` stopped by a signal, and
+`reference_server`, the reference server on loopback, with its own counters (`server_counters`)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,17 @@ import json
 import subprocess
 import sys
 import time
+import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Collection
+from typing import Collection, Iterator
 
 import pandas as pd
 from hdrh.histogram import HdrHistogram
 
 from latscope.results import HLOG, SUMMARY, TIMESERIES
 from latscope.results.hlog import read_hlog
+from conftest import REPO, free_port
 
 Interval = tuple[float, float, HdrHistogram]  # (start_s from the run's start, length_s, histogram)
 
@@ -90,3 +94,38 @@ def build_tokenizer(path: Path, chat_template: str | None = None) -> Path:
         doc["chat_template"] = chat_template
     path.write_text(json.dumps(doc))
     return path
+
+
+@contextmanager
+def reference_server(*flags: str) -> Iterator[str]:
+    """The reference server (`serve`, HTTP only) on a free loopback port, ready; its URL."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "reference_server", "serve", "--http-port", str(port), "--grpc-port", "-1",
+                             *flags], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=1):
+                    break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "the reference server did not start"
+                time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+def server_counters(url: str, prefix: str) -> dict[str, float]:
+    """The reference server's own /metrics samples whose names start with `prefix`, by name with labels."""
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
+    return {name: float(value) for name, value in (line.rsplit(" ", 1) for line in text.splitlines()
+                                                     if line.startswith(prefix))}
+
+
+def cache_counters(url: str) -> tuple[float, float]:
+    """(cached prompt tokens, prompt tokens looked up) from the server's own /metrics."""
+    values = server_counters(url, "latscope_ref_prefix_cache_")
+    return values["latscope_ref_prefix_cache_hits_tokens_total"], values["latscope_ref_prefix_cache_queries_tokens_total"]

@@ -174,3 +174,30 @@ def test_adapter_mix_groups_by_model_and_names_the_costly_adapter(tmp_path):
     tpot = {m: g["metrics"]["tpot"]["p50_ms"] for m, g in models["by_model"].items()}
     assert tpot["tenant-c"] > 3 * tpot["tenant-a"], tpot
     assert fairness["latency"]["worst"] == "tenant-c" and fairness["latency"]["ratio"] > 2
+
+
+def test_agents_runs_jobs_whose_hit_rate_climbs_by_round(tmp_path):
+    """The shipped agent scenario, shortened: jobs complete with their tool calls, fan-outs and job
+    times, and the prefix cache's hit rate climbs from round 1 to round 3, the fan-out's (every job has four
+    rounds or more)."""
+    s = _run("agents", tmp_path, "phases.0.duration=8s", "phases.0.arrival.rate=1", "phases.1.duration=10s")
+    assert s["requests"]["errors"] == 0
+    coder = s["agents"]["coder"]
+    assert coder["jobs"]["completed"] >= 4 and coder["jobs"]["completed"] == coder["jobs"]["started"]
+    assert coder["job_time"]["count"] == coder["jobs"]["completed"] and 4 <= coder["rounds_mean"] <= 6
+    assert coder["tool_calls"]["count"] > 0 and coder["tool_calls"]["invalid_json"] == 0
+    rounds = s["sessions"]["coder"]["by_turn"]
+    assert rounds["1"]["hit_rate"] < rounds["2"]["hit_rate"] < rounds["3"]["hit_rate"]
+    assert s["slo"] and all(v["passed"] for v in s["slo"]), s["slo"]
+
+
+def test_agents_replay_sends_the_traces_jobs(tmp_path):
+    """The shipped agent trace replayed four times faster: all 26 jobs complete, with the trace's rounds."""
+    import json
+
+    jobs = [json.loads(line) for line in (REPO / "data" / "agent_jobs.jsonl").read_text().splitlines()]
+    s = _run("agents_replay", tmp_path, "phases.0.arrival.speedup=4", "phases.1.duration=10s")
+    assert s["requests"]["errors"] == 0
+    coder = s["agents"]["coder"]
+    assert coder["jobs"]["completed"] == coder["jobs"]["started"] == len(jobs) == 26
+    assert coder["rounds_mean"] == round(sum(len(j["rounds"]) for j in jobs) / len(jobs), 3)

@@ -6,13 +6,8 @@ from __future__ import annotations
 import json
 import signal
 import statistics
-import subprocess
-import sys
 import time
-import urllib.request
 from collections import defaultdict
-from contextlib import contextmanager
-from typing import Iterator
 
 import numpy as np
 import pandas as pd
@@ -20,8 +15,8 @@ import pytest
 import yaml
 
 from chat_server import make_chat_app
-from conftest import REPO, free_port, serve
-from helpers import read_summary, run_cli_until
+from conftest import free_port, serve
+from helpers import cache_counters, read_summary, reference_server, run_cli_until
 from latscope.plan import build_plan, schedule_table
 from latscope.request_ids import request_row
 from latscope.run import run_scenario
@@ -166,38 +161,6 @@ def test_a_bad_session_names_its_field(tmp_path, field, value, expected):
 
 
 # -- against the reference server's prefix cache ---------------------------------------------------
-
-
-@contextmanager
-def reference_server(*flags: str) -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "reference_server", "serve", "--http-port", str(port), "--grpc-port", "-1",
-                             *flags], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=1):
-                    break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "the reference server did not start"
-                time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(20)
-
-
-def cache_counters(url: str) -> tuple[float, float]:
-    """(cached prompt tokens, prompt tokens looked up) from the server's own /metrics."""
-    text = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
-    values = {}
-    for line in text.splitlines():
-        if line.startswith("latscope_ref_prefix_cache_") and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            values[name.split("{")[0]] = float(value)
-    return values["latscope_ref_prefix_cache_hits_tokens_total"], values["latscope_ref_prefix_cache_queries_tokens_total"]
 
 
 def prefix_run(url: str, tmp_path) -> dict:

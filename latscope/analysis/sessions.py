@@ -47,7 +47,7 @@ LATER_SESSION_COUNTERS = ("sessions_history_limit",)  # added after the others: 
 CLOSED_MODELS = ("closed", "mixed")
 
 
-def _number(value: object) -> float | None:
+def number(value: object) -> float | None:
     """A finite number, else None (summary.json writes null for a statistic it does not have)."""
     if value is None or isinstance(value, bool):
         return None
@@ -59,7 +59,7 @@ def _number(value: object) -> float | None:
 
 
 def _hit_rate(cached: object, reported: object) -> float | None:
-    cached, reported = _number(cached), _number(reported)
+    cached, reported = number(cached), number(reported)
     return cached / reported if cached is not None and reported else None
 
 
@@ -78,22 +78,22 @@ def session_table(run: RunData) -> pd.DataFrame:
         rows.append({
             "class": cls, **{c.removeprefix("sessions_"): int(s.get(c.removeprefix("sessions_")) or 0) for c in SESSION_COUNTERS},
             "duration_count": int(duration.get("count") or 0),
-            "duration_p50_ms": _number(duration.get("p50_ms")), "duration_p99_ms": _number(duration.get("p99_ms")),
+            "duration_p50_ms": number(duration.get("p50_ms")), "duration_p99_ms": number(duration.get("p99_ms")),
             "cached_tokens": int(cache.get("cached_tokens") or 0), "prompt_tokens": int(cache.get("prompt_tokens") or 0),
-            "hit_rate": _number(cache.get("hit_rate")),
+            "hit_rate": number(cache.get("hit_rate")),
         })
     return pd.DataFrame(rows, columns=list(SESSION_COLUMNS))
 
 
 def _turn_row(cls: str, turn: int, counters: dict, stats: dict[str, dict]) -> dict:
     row: dict = {"class": cls, "turn": turn, **{c: int(counters.get(c) or 0) for c in TURN_COUNTERS}}
-    row["hit_rate"] = _number(counters["hit_rate"]) if "hit_rate" in counters else _hit_rate(
+    row["hit_rate"] = number(counters["hit_rate"]) if "hit_rate" in counters else _hit_rate(
         row["cached_tokens"], row["cache_reported_prompt_tokens"])
     for m in TURN_METRICS:
         s = stats.get(m) or {}
         row[f"{m}_count"] = int(s.get("count") or 0)
         for stat in TURN_STATS:
-            row[f"{m}_{stat}"] = _number(s.get(stat)) if row[f"{m}_count"] else None
+            row[f"{m}_{stat}"] = number(s.get(stat)) if row[f"{m}_count"] else None
     return row
 
 
@@ -129,7 +129,7 @@ def prefix_cache_table(run: RunData) -> pd.DataFrame:
         if not cache:
             continue
         rows.append({"class": cls, "cached_tokens": int(cache.get("cached_tokens") or 0),
-                     "prompt_tokens": int(cache.get("prompt_tokens") or 0), "hit_rate": _number(cache.get("hit_rate"))})
+                     "prompt_tokens": int(cache.get("prompt_tokens") or 0), "hit_rate": number(cache.get("hit_rate"))})
     return pd.DataFrame(rows, columns=list(CACHE_COLUMNS))
 
 

@@ -19,7 +19,8 @@ The intervals, per statistic:
   bound infinite: undecided, never a pass.
 - `mean`: the normal interval mean ± z·sd/√n from the merged histogram (values are close to
   independent at a fixed load; a run's mean moves far less than its tail).
-- `error_rate` and goodput's `fraction`: the Wilson score interval for a binomial proportion
+- `error_rate` and goodput's `fraction` (of requests, or an agent class's jobs: `job_goodput`): the Wilson
+  score interval for a binomial proportion
   (Wilson 1927), which keeps its coverage near 0 and 1, where an error rate lives.
 - `max`, `throughput` and goodput's `rps`: the point value decides (no sampling model gives an upper
   bound for a maximum; an achieved rate is counted, not estimated); they are never undecided.
@@ -49,7 +50,7 @@ import numpy as np
 
 from latscope.analysis.gate import GateRun, gate_run
 from latscope.analysis.quantile_ci import quantile_ci
-from latscope.analysis.verdicts import slo_value
+from latscope.analysis.verdicts import goodput_view, slo_value
 from latscope.scenario.gate_file import PERCENTILE_OF
 from latscope.scenario.settings import Slo
 
@@ -123,8 +124,9 @@ def _interval(run: GateRun, slo: Slo, confidence: float) -> tuple[float | None, 
             return None, None, None
         q = quantile_ci(*data, PERCENTILE_OF[slo.stat], confidence)
         return q.value_us / 1000, _finite(q.low_us / 1000), _finite(q.high_us / 1000)
+    goodput = goodput_view(summary)
     value = slo_value(summary.get("metrics", {}), slo, summary.get("requests"),
-                      summary.get("throughput", {}).get("achieved_rps"), summary.get("goodput"))
+                      summary.get("throughput", {}).get("achieved_rps"), goodput)
     if value is None:
         return None, None, None
     if slo.stat == "mean":
@@ -143,7 +145,7 @@ def _interval(run: GateRun, slo: Slo, confidence: float) -> tuple[float | None, 
         r = summary.get("requests", {})
         return (value, *wilson(r.get("errors", 0), r.get("completed", 0) + r.get("errors", 0), confidence))
     if slo.stat == "fraction":
-        g = summary.get("goodput", {}).get(slo.class_, {})
+        g = (goodput["job_goodput"] if slo.metric == "job_goodput" else goodput).get(slo.class_, {})
         return (value, *wilson(g.get("good", 0), g.get("total", 0), confidence))
     return value, value, value  # max, throughput, goodput rps: the point value decides
 
@@ -243,13 +245,19 @@ def _pool_summary(summaries: list[dict]) -> dict:
                     into["mean_ms"] = total / into["count"]
                 if st.get("max_ms") is not None:
                     into["max_ms"] = max(into["max_ms"] or 0.0, st["max_ms"])
-    goodput: dict = {}
-    for cls in {c for s in summaries for c in (s.get("goodput") or {})}:
-        entries = [(s.get("goodput") or {}).get(cls) or {} for s in summaries]
-        good, total = sum(e.get("good", 0) for e in entries), sum(e.get("total", 0) for e in entries)
-        goodput[cls] = {"good": good, "total": total, "fraction": good / total if total else None,
+    def pooled(of: list[dict]) -> dict:  # goodput by class, of requests or of an agent class's jobs
+        out: dict = {}
+        for cls in {c for g in of for c in g}:
+            entries = [g.get(cls) or {} for g in of]
+            good, total = sum(e.get("good", 0) for e in entries), sum(e.get("total", 0) for e in entries)
+            out[cls] = {"good": good, "total": total, "fraction": good / total if total else None,
                         "rps": per_second([e.get("rps") for e in entries])}
+        return out
+
+    goodput = pooled([s.get("goodput") or {} for s in summaries])
+    jobs = pooled([{c: a["goodput"] for c, a in (s.get("agents") or {}).items() if "goodput" in a} for s in summaries])
     return {"requests": requests, "metrics": metrics, "goodput": goodput,
+            "agents": {cls: {"goodput": g} for cls, g in jobs.items()},
             "throughput": {"measured_window_s": window,
                            "offered_rps": per_second([s.get("throughput", {}).get("offered_rps") for s in summaries]),
                            "achieved_rps": per_second([s.get("throughput", {}).get("achieved_rps") for s in summaries])}}

@@ -242,16 +242,26 @@ def error_rate(requests: dict) -> float | None:
     return requests.get("errors", 0) / answered if answered else None
 
 
+def goodput_view(summary: dict) -> dict:
+    """What goodput SLOs read of a summary.json: its `goodput` by class, and its agent classes' job goodput
+    (agents[class].goodput) under "job_goodput"."""
+    jobs = {cls: entry["goodput"] for cls, entry in (summary.get("agents") or {}).items() if "goodput" in entry}
+    return {**(summary.get("goodput") or {}), "job_goodput": jobs}
+
+
 def slo_value(metrics: dict, slo: Any, requests: dict | None = None, achieved_rps: float | None = None,
               goodput: dict | None = None) -> float | None:
     """The value an SLO is about: a metric statistic in ms, the run's error rate or its achieved
-    req/s, or a goodput statistic (summary.json's goodput[class][fraction | rps])."""
+    req/s, or a goodput statistic (summary.json's goodput[class][fraction | rps]; a job goodput one, its
+    agents[class].goodput, handed in as goodput["job_goodput"][class])."""
     if slo.stat == "error_rate":
         return error_rate(requests) if requests is not None else None
     if slo.stat == "throughput":
         return achieved_rps
     if slo.metric == "goodput":
         return (goodput or {}).get(slo.class_, {}).get(slo.stat)
+    if slo.metric == "job_goodput":  # goodput's `job_goodput` entry: summary.json agents.<class>.goodput
+        return (goodput or {}).get("job_goodput", {}).get(slo.class_, {}).get(slo.stat)
     return metrics.get(slo.metric, {}).get(slo.class_, {}).get(f"{slo.stat}_ms")
 
 
@@ -278,6 +288,7 @@ def slo_verdicts(metrics: dict, slos: list[Any], requests: dict | None = None, a
         if value is None:
             verdict["reason"] = ("no goodput for this class (the run's scenario set no goodput objectives for it, "
                                  "or no request was measured)" if slo.metric == "goodput"
-                                 else "no data for this metric and class")
+                                 else "no job goodput for this class (it is no agent, or no job ended)"
+                                 if slo.metric == "job_goodput" else "no data for this metric and class")
         verdicts.append(verdict)
     return verdicts

@@ -16,7 +16,8 @@ perf_counter_ns) is read by each event's `type`:
 | `message_delta` | `usage.output_tokens` (the running total: the last one counts) |
 | `message_stop` | the end |
 | `error` | a `protocol` error: "error event after N tokens: <error.message>" |
-| `ping`, `content_block_start`, `content_block_stop`, anything new | nothing (the API may add event types) |
+| `content_block_start` | a `tool_use` block starts a tool call (tools.py); others nothing |
+| `ping`, `content_block_stop`, anything new | nothing (the API may add event types) |
 
 The usage: prompt_tokens = `input_tokens` + `cache_creation_input_tokens` + `cache_read_input_tokens`
 (Anthropic counts the cached part apart, OpenAI's prompt_tokens include it), cached_tokens =
@@ -43,6 +44,7 @@ from latscope.protocols.http import prefix_or_refusal, request_id_name, what_it_
 from latscope.protocols.json_text import clip, dumps, error_message
 from latscope.protocols.stream_events import (ANSWER, REASONING, TOOL, ClassRequest, EventClient, EventStream,
                                               class_request, count, output_into)
+from latscope.protocols.tools import MESSAGES, ToolCall, arguments_object, declared, split_words
 from latscope.records import Outcome
 from latscope.scenario import Endpoint, Scenario
 
@@ -67,6 +69,12 @@ class MessagesStream(EventStream):
                     return self.malformed(f"{delta['type']} without a string {kind[0]}", data)
                 if text:
                     self.token(read_ns, text, kind[1])
+                    if kind[1] == TOOL:
+                        self.calls.add(doc.get("index"), text)
+        elif event == "content_block_start":
+            block = doc.get("content_block")
+            if type(block) is dict and block.get("type") == "tool_use":
+                self.calls.start(doc.get("index"), block.get("id"), block.get("name"))
         elif event == "message_delta":
             if type(usage := doc.get("usage")) is dict:
                 self.usage.update(usage)
@@ -100,16 +108,36 @@ class MessagesClient(EventClient):
     SYSTEM = b'"system"'
     CARRY_EMPTY = False
 
-    def _class_request(self, scenario: Scenario, cls: int) -> ClassRequest:
+    def _class_request(self, scenario: Scenario, cls: int, tools: list[str] | None) -> ClassRequest:
         endpoint = scenario.endpoint(cls)
         options = endpoint.anthropic
         rest: dict[str, Any] = {"stream": options.stream, **options.extra_body}
+        if tools is not None:
+            rest["tools"] = declared(MESSAGES, tools)
         prefix, refused = prefix_or_refusal(_headers(endpoint), "application/json")
         return class_request(bool(rest.get("stream")), endpoint.model, rest, "max_tokens", options.max_tokens, prefix,
                              request_id_name(endpoint, scenario), refused, what_it_sends(endpoint))
 
     def prompt(self, text: str) -> bytes:
         return b'"messages":[{"role":"user","content":%s}]' % dumps(text).encode()
+
+    @staticmethod
+    def called(answer: str, calls: list[ToolCall]) -> bytes:
+        blocks: list[dict[str, Any]] = [{"type": "text", "text": answer}] if answer else []
+        blocks += [{"type": "tool_use", "id": i, "name": n, "input": arguments_object(a) or {}} for i, n, a in calls]
+        return b",%s" % dumps({"role": "assistant", "content": blocks}).encode()
+
+    @staticmethod
+    def answered(calls: tuple[tuple[str, str], ...], text: str) -> bytes:
+        results = [{"type": "tool_result", "tool_use_id": i, "content": part}
+                   for (i, _), part in zip(calls, split_words(text, len(calls)))]
+        return b",%s" % dumps({"role": "user", "content": results}).encode()
+
+    @staticmethod
+    def whole_calls(doc: dict[str, Any]) -> list[ToolCall]:
+        return [(b.get("id") if type(b.get("id")) is str else "", b.get("name") if type(b.get("name")) is str else "",
+                 dumps(b.get("input")))
+                for b in doc.get("content") or () if type(b) is dict and b.get("type") == "tool_use"]
 
     @staticmethod
     def usage_into(outcome: Outcome, usage: dict[str, Any]) -> bool:

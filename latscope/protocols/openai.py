@@ -25,8 +25,12 @@ An empty answer is an answer: a stream that ends with `[DONE]` without a single 
 whose first token ended it), or a whole answer with empty text, completes with 0 output tokens
 (`token_ns` an empty list for the stream; intervals.py counts it `empty` and records no ttft).
 
+Tool calls (`delta.tool_calls`, `message.tool_calls`) are accumulated and counted, and an agent class
+sends its `tools` (tools.py).
+
 Sessions (`history: carry`): the answer the server gave joins the history the next turn sends, as an
-`assistant` message (chat) or appended text (completions). Its reasoning is left out, as OpenAI,
+`assistant` message (chat, with its tool calls: the next turn's text answers them as `tool` messages,
+tools.py) or appended text (completions). Its reasoning is left out, as OpenAI,
 DeepSeek and vLLM recommend (a server may even refuse it back); `session.carry_reasoning: true`
 keeps it, on the assistant message under the field the server streamed it in (`reasoning_content`
 or `reasoning`). A completions answer has no separate reasoning: its text is carried whole.
@@ -50,6 +54,7 @@ from latscope.protocols.http import (Failure, HttpPool, Response, http_error, pr
 from latscope.protocols.json_text import (clip, dumps, error_message, escaped, loads, lone_surrogate, parse_json,
                                             tokens_text)
 from latscope.protocols.stream_sink import SseSink, failed_outcome, stream_outcome
+from latscope.protocols.tools import CHAT, ToolCall, declared, into, split_words, whole_chat, with_reports
 from latscope.records import Outcome, Request
 from latscope.scenario import Endpoint, Scenario
 from latscope.workload import Payloads
@@ -100,7 +105,10 @@ class _Stream(SseSink):
                     if not text:
                         delta = choice.get("delta")
                         if type(delta) is dict:
-                            text = delta.get("content") or delta.get("tool_calls")
+                            text = delta.get("content")
+                            if (calls := delta.get("tool_calls")) and type(calls) is list:
+                                self.calls.chat_items(calls)
+                                text = text or calls
                             thought = delta.get("reasoning_content")
                             if not thought and (thought := delta.get("reasoning")):
                                 self.thought_key = "reasoning"
@@ -166,8 +174,9 @@ class _ClassRequest:
 
     chat: bool
     stream: bool
-    model: str | None
-    rest: dict[str, Any]  # the body's fields after the prompt and max_tokens: stream, options, extra_body
+    head: bytes  # the body's start: `{"model":"m",` (or `{`)
+    tail: bytes  # its fields after the prompt and max_tokens (stream, options, tools, extra_body), serialized once
+    max_tokens: bool  # the request's max_tokens is sent (False: extra_body gives one)
     prefix: bytes  # request line and headers without Content-Length
     request_id: bytes | None  # target.request_id_header and the run's id prefix (http.request_id_name)
     refused: str | None = None  # why the request cannot be written (http.unsafe_head): each one is an error
@@ -175,17 +184,23 @@ class _ClassRequest:
     carry_reasoning: bool = False  # session.carry_reasoning: a carried answer keeps its reasoning (chat)
 
 
-def _class_request(endpoint: Endpoint, scenario: Scenario, cls: int = 0) -> _ClassRequest:
+def _class_request(endpoint: Endpoint, scenario: Scenario, cls: int = 0, tools: list[str] | None = None) -> _ClassRequest:
+    """`tools`: an agent class's tools' descriptions (Payloads.tool_descriptions), sent as `tools`."""
     options = endpoint.openai
-    session = scenario.workload.effective_classes()[cls].session
+    session = scenario.workload.effective_classes()[cls].conversation
     rest: dict[str, Any] = {"stream": options.stream}
     if options.stream and options.include_usage:
         rest["stream_options"] = {"include_usage": True}
+    if tools is not None:
+        rest["tools"] = declared(CHAT, tools)
     rest.update(options.extra_body)
     stream = bool(rest.get("stream"))
+    model = endpoint.model if "model" not in rest else None
+    head = b'{"model":%s,' % dumps(model).encode() if model is not None else b"{"
     prefix, refused = prefix_or_refusal(endpoint, "application/json")
-    return _ClassRequest(options.api == "chat", stream, endpoint.model, rest, prefix, request_id_name(endpoint, scenario), refused,
-                         what_it_sends(endpoint), session is not None and session.carry_reasoning)
+    return _ClassRequest(options.api == "chat", stream, head, dumps(rest).encode()[1:-1], "max_tokens" not in rest, prefix,
+                         request_id_name(endpoint, scenario), refused, what_it_sends(endpoint),
+                         session is not None and session.carry_reasoning)
 
 
 class OpenAIClient:
@@ -195,7 +210,8 @@ class OpenAIClient:
         self._pool = HttpPool(scenario.endpoint(classes[0]).url, scenario.target.timeout,
                               scenario.limits.max_response_bytes)
         self._payloads = payloads
-        self._classes = {c: _class_request(scenario.endpoint(c), scenario, c) for c in classes}
+        self._classes = {c: _class_request(scenario.endpoint(c), scenario, c, payloads.tool_descriptions(c))
+                         for c in classes}
 
     async def open(self) -> None:
         await self._pool.open()
@@ -211,38 +227,45 @@ class OpenAIClient:
         started = _pc()
         payload = self._payloads.get(request)
         prompt = payload.prompt if payload.prompt is not None else ""
-        model: dict[str, Any] = {"model": cls.model} if cls.model is not None else {}
-        fields: dict[str, Any] = {"max_tokens": payload.max_tokens} if payload.max_tokens else {}
-        fields.update(cls.rest)
+        fields = cls.tail
+        if payload.max_tokens and cls.max_tokens:
+            fields = b'"max_tokens":%d,%s' % (payload.max_tokens, fields) if fields else b'"max_tokens":%d' % payload.max_tokens
         if request.session is not None:
-            body = self._session_body(cls, request, prompt, dumps({**model, **fields}).encode())
+            text = self._session_body(cls, request, prompt)
+        elif cls.chat:
+            text = b'"messages":[{"role":"user","content":%s}]' % dumps(prompt).encode()
         else:
-            text: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}]} if cls.chat else {"prompt": prompt}
-            body = dumps({**model, **text, **fields}).encode()
+            text = b'"prompt":%s' % dumps(prompt).encode()
+        body = b"%s%s%s%s}" % (cls.head, text, b"," if fields else b"", fields)
         request.wire = b"%s%sContent-Length: %d\r\n\r\n%s" % (cls.prefix, request_id_line(cls.request_id, request.seq),
                                                                len(body), body)
         request.wire_bytes = len(request.wire)
         request.prepared_ns = _pc()
         request.encode_ns = request.prepared_ns - started
 
-    def _session_body(self, cls: _ClassRequest, request: Request, text: str, rest: bytes) -> bytes:
-        """A session turn's body: the shared prefix, the history so far (carried), the new text, then
-        `rest` (the other fields, serialized). The history is kept serialized on the conversation and
-        only appended to: the new text here (a failed turn ends its session, so its text is never
-        carried), the answer by `_remember`; a long history costs a copy per turn, not a JSON encode.
+    def _session_body(self, cls: _ClassRequest, request: Request, text: str) -> bytes:
+        """A session turn's prompt field: the shared prefix, the history so far (carried), the new text.
+        The history is kept serialized on the conversation and only appended to: the new text here (a
+        failed turn ends its session, so its text is never carried), the answer by `_remember`; a long
+        history costs a copy per turn, not a JSON encode.
 
-        chat:        {"messages": [system prefix, user 1, assistant 1, …, user k], …rest}
-        completions: {"prompt": "prefix\n" + user 1 + answer 1 + "\n" + … + user k, …rest}
+        chat:        "messages": [system prefix, user 1, assistant 1, …, user k]
+        completions: "prompt": "prefix\n" + user 1 + answer 1 + "\n" + … + user k
         (JSON escaping works character by character, so the escaped pieces concatenate.)"""
         conv = request.session
+        text = with_reports(conv, text)
         if conv.history is None:
             prefix = self._payloads.prefix(conv.cls, conv.prefix) if conv.prefix >= 0 else None
             if cls.chat:
                 conv.history = bytearray(b'{"role":"system","content":%s}' % dumps(prefix).encode() if prefix else b"")
             else:
                 conv.history = bytearray(escaped(prefix + "\n") if prefix else b"")
-        tail = b"," + rest[1:] if len(rest) > 2 else b"}"
-        if cls.chat:
+        if conv.calls:  # an agent's round: its tool result answers each call the model made (tools.py)
+            parts = split_words(text, len(conv.calls))
+            turn = b"".join(b',{"role":"tool","tool_call_id":%s,"content":%s}' % (dumps(call_id).encode(), dumps(part).encode())
+                            for (call_id, _), part in zip(conv.calls, parts))
+            conv.calls = ()
+        elif cls.chat:
             turn = b'%s{"role":"user","content":%s}' % (b"," if conv.history else b"", dumps(text).encode())
         else:
             turn = escaped(text)
@@ -253,26 +276,36 @@ class OpenAIClient:
             history = conv.history
         conv.carried = len(conv.history)
         if cls.chat:
-            return b'{"messages":[%s%s]%s' % (history, turn, tail)
-        return b'{"prompt":"%s%s"%s' % (history, turn, tail)
+            return b'"messages":[%s%s]' % (history, turn)
+        return b'"prompt":"%s%s"' % (history, turn)
 
     @staticmethod
-    def _remember(cls: _ClassRequest, request: Request, answer: str, reasoning: tuple[str, str] | None = None) -> str | None:
+    def _remember(cls: _ClassRequest, request: Request, answer: str, reasoning: tuple[str, str] | None = None,
+                  calls: list[ToolCall] | None = None) -> str | None:
         """After a session turn's answer: the answer, as the server gave it, joins the history the next
-        turn carries (after the turn's own text, added when it was built); its reasoning (text, the
-        field it came in) only with session.carry_reasoning (the module docstring). Returns why it
-        cannot (the answer's `protocol` error): text that is not valid Unicode, which no request can carry."""
-        try:
-            if cls.chat and reasoning and reasoning[0]:
-                piece = b',{"role":"assistant","content":%s,"%s":%s}' % (
-                    dumps(answer).encode(), reasoning[1].encode(), dumps(reasoning[0]).encode())
-            else:
-                piece = (b',{"role":"assistant","content":%s}' % dumps(answer).encode() if cls.chat
-                         else escaped(answer + "\n"))
-        except UnicodeEncodeError as exc:  # UTF-8 refuses only surrogates, which json.loads lets through
-            in_answer = exc.object[exc.start] in answer or not reasoning
-            return lone_surrogate(answer if in_answer else reasoning[0], exc)
+        turn carries (after the turn's own text, added when it was built), with the tool calls it made
+        (tools.py; the next round answers them); its reasoning (text, the field it came in) only with
+        session.carry_reasoning (the module docstring). Returns why it cannot (the answer's `protocol`
+        error): text that is not valid Unicode, which no request can carry."""
         conv = request.session
+        if not cls.chat:
+            try:
+                piece = escaped(answer + "\n")
+            except UnicodeEncodeError as exc:  # UTF-8 refuses only surrogates, which json.loads lets through
+                return lone_surrogate(answer, exc)
+        else:
+            message: dict[str, Any] = {"role": "assistant", "content": answer or (None if calls else "")}
+            if reasoning and reasoning[0]:
+                message[reasoning[1]] = reasoning[0]
+            if calls:
+                message["tool_calls"] = [{"id": i, "type": "function", "function": {"name": n, "arguments": a}}
+                                         for i, n, a in calls]
+            try:
+                piece = b",%s" % dumps(message).encode()
+            except UnicodeEncodeError as exc:  # say where: in the answer, its reasoning or a call's arguments
+                texts = (answer, reasoning[0] if reasoning else "", *(a for *_, a in calls or ()))
+                return lone_surrogate(next((t for t in texts if exc.object[exc.start] in t), answer), exc)
+            conv.calls = tuple((i, n) for i, n, _ in calls or ())
         conv.history += piece
         conv.carried = len(conv.history)
         return None
@@ -288,7 +321,8 @@ class OpenAIClient:
         data, encode_ns = request.wire, request.encode_ns
         body_len = len(data) - data.index(b"\r\n\r\n") - 4
         conv = request.session
-        keep = conv is not None and conv.carry and request.turn < conv.turns  # a later turn carries this answer
+        # a later turn carries this answer, or the job a sub-agent reports to
+        keep = conv is not None and conv.carry and (request.turn < conv.turns or conv.reports_to is not None)
         counts = self._payloads.counts_output  # workload.tokenizer counts an answer that came without usage
         sent = _pc()
         stream = _Stream(keep or counts, (keep and cls.carry_reasoning) or counts) if cls.stream else None
@@ -301,9 +335,10 @@ class OpenAIClient:
         with_server_headers(outcome, response)
         reasoning = None
         if stream is None:
-            outcome, answer, reasoning = self._whole(outcome, response, keep or counts)
+            outcome, answer, reasoning, calls = self._whole(outcome, response, keep or counts)
         else:
             outcome = self._streamed(outcome, response, stream)
+            calls = stream.calls.done()
             answer = "".join(stream.text) if keep or counts else None
             if stream.thought:
                 reasoning = "".join(stream.thought), stream.thought_key
@@ -311,8 +346,10 @@ class OpenAIClient:
             self._payloads.count_output(outcome, (reasoning[0] if reasoning else "") + (answer or ""))
         refused_what(outcome, cls.sends)
         if (keep and outcome.error is None and (problem := self._remember(
-                cls, request, answer or "", reasoning if cls.carry_reasoning else None)) is not None):
+                cls, request, answer or "", reasoning if cls.carry_reasoning else None, calls)) is not None):
             outcome.error, outcome.reason = "protocol", problem
+        elif keep and conv.reports_to is not None:
+            conv.answer = answer or ""
         return outcome
 
     @staticmethod
@@ -322,11 +359,13 @@ class OpenAIClient:
         return outcome
 
     @staticmethod
-    def _whole(outcome: Outcome, response: Response, keep: bool) -> tuple[Outcome, str | None, tuple[str, str] | None]:
-        """A whole (not streamed) answer; with `keep`, its text and reasoning too (for a session's history)."""
+    def _whole(outcome: Outcome, response: Response,
+               keep: bool) -> tuple[Outcome, str | None, tuple[str, str] | None, list[ToolCall]]:
+        """A whole (not streamed) answer and its tool calls; with `keep`, its text and reasoning too (for a
+        session's history)."""
         body = response.body or b""
         if response.status >= 400:
-            return http_error(outcome, response, body), None, None
+            return http_error(outcome, response, body), None, None, []
         started = _pc()
         try:
             doc = loads(body)
@@ -342,6 +381,10 @@ class OpenAIClient:
             outcome.error, outcome.reason = "protocol", f"response has no choices: {clip(body)}"
         else:
             _usage_into(outcome, doc.get("usage"))
+            choice = doc["choices"][0]
+            calls = whole_chat(choice.get("message") if type(choice) is dict else None)
+            into(outcome, calls)
             if keep:
-                return outcome, _answer_text(doc["choices"][0]), _answer_reasoning(doc["choices"][0])
-        return outcome, None, None
+                return outcome, _answer_text(choice), _answer_reasoning(choice), calls
+            return outcome, None, None, calls
+        return outcome, None, None, []

@@ -10,7 +10,8 @@ perf_counter_ns) is read by each event's `type`:
 | event | what latscope takes |
 | --- | --- |
 | `response.output_text.delta`, `response.refusal.delta` | a content token chunk, the answer's text (`delta`, a string; an empty one is no token) |
-| `response.function_call_arguments.delta` | a content token chunk: a tool call's input (not text a session carries) |
+| `response.function_call_arguments.delta` | a content token chunk: a piece of a tool call's arguments (tools.py) |
+| `response.output_item.added` | a `function_call` item starts a tool call (tools.py) |
 | `response.reasoning_text.delta`, `response.reasoning_summary_text.delta` | a reasoning token chunk |
 | `response.completed`, `response.incomplete` | the end (an incomplete answer, cut at max_output_tokens, is an answer); `response.usage` |
 | `response.failed` | a `protocol` error: "response failed after N tokens: <response.error.message>" |
@@ -39,6 +40,7 @@ from latscope.protocols.http import prefix_or_refusal, request_id_name, what_it_
 from latscope.protocols.json_text import clip, dumps, error_message
 from latscope.protocols.stream_events import (ANSWER, REASONING, TOOL, ClassRequest, EventClient, EventStream,
                                               class_request, count, output_into)
+from latscope.protocols.tools import RESPONSES, ToolCall, ToolCalls, declared, split_words
 from latscope.records import Outcome
 from latscope.scenario import Scenario
 
@@ -60,6 +62,12 @@ class ResponsesStream(EventStream):
                 return self.malformed(f"{event} without a text delta", data)
             if delta:
                 self.token(read_ns, delta, kind)
+                if kind == TOOL:
+                    self.calls.add(doc.get("output_index"), delta)
+        elif event == "response.output_item.added":
+            item = doc.get("item")
+            if type(item) is dict and item.get("type") == "function_call":
+                self.calls.start(doc.get("output_index"), item.get("call_id"), item.get("name"))
         elif event in ENDS:
             response = doc.get("response")
             if type(response) is not dict:
@@ -82,15 +90,37 @@ class ResponsesClient(EventClient):
     MESSAGES = b'"input"'
     SYSTEM = b'"instructions"'
 
-    def _class_request(self, scenario: Scenario, cls: int) -> ClassRequest:
+    def _class_request(self, scenario: Scenario, cls: int, tools: list[str] | None) -> ClassRequest:
         endpoint = scenario.endpoint(cls)
         rest: dict[str, Any] = {"stream": endpoint.openai.stream, **endpoint.openai.extra_body}
+        if tools is not None:
+            rest["tools"] = declared(RESPONSES, tools)
         prefix, refused = prefix_or_refusal(endpoint, "application/json")
         return class_request(bool(rest.get("stream")), endpoint.model, rest, "max_output_tokens", 0, prefix,
                              request_id_name(endpoint, scenario), refused, what_it_sends(endpoint))
 
     def prompt(self, text: str) -> bytes:
         return b'"input":%s' % dumps(text).encode()
+
+    @staticmethod
+    def called(answer: str, calls: list[ToolCall]) -> bytes:
+        said = b',{"role":"assistant","content":%s}' % dumps(answer).encode() if answer else b""
+        return said + b"".join(b",%s" % dumps({"type": "function_call", "call_id": i, "name": n, "arguments": a}).encode()
+                               for i, n, a in calls)
+
+    @staticmethod
+    def answered(calls: tuple[tuple[str, str], ...], text: str) -> bytes:
+        return b"".join(b',{"type":"function_call_output","call_id":%s,"output":%s}' % (dumps(i).encode(), dumps(part).encode())
+                        for (i, _), part in zip(calls, split_words(text, len(calls))))
+
+    @staticmethod
+    def whole_calls(doc: dict[str, Any]) -> list[ToolCall]:
+        calls = ToolCalls()
+        for k, item in enumerate(doc.get("output") or ()):
+            if type(item) is dict and item.get("type") == "function_call":
+                calls.start(k, item.get("call_id"), item.get("name"))
+                calls.add(k, item["arguments"] if type(item.get("arguments")) is str else "")
+        return calls.done()
 
     @staticmethod
     def usage_into(outcome: Outcome, usage: dict[str, Any]) -> bool:

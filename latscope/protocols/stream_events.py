@@ -37,7 +37,8 @@ Sessions carry their input: each turn sends the system text (a shared prefix) an
 and answer as messages, like chat (openai.py), never a server-side id (`previous_response_id`):
 every server that speaks the API can answer it, nothing depends on what a server chose to store,
 and the request grows turn by turn exactly as a chat session's does, so the two compare. The history
-is kept serialized on the conversation (`_History`) and only appended to. Reasoning is never carried:
+is kept serialized on the conversation (`_History`) and only appended to; an answer's tool calls and the
+next round's tool results join it as each API represents them (tools.py). Reasoning is never carried:
 both APIs carry it only as items the server signed or encrypted, which the streamed text cannot rebuild.
 """
 
@@ -51,6 +52,7 @@ from latscope.protocols.http import (Failure, HttpPool, Response, http_error, re
                                      request_id_line, with_server_headers)
 from latscope.protocols.json_text import clip, dumps, error_message, loads, lone_surrogate, parse_json, tokens_text
 from latscope.protocols.stream_sink import SseSink, failed_outcome, stream_outcome
+from latscope.protocols.tools import ToolCall, into, with_reports
 from latscope.records import Outcome, Request
 from latscope.scenario import Scenario
 from latscope.workload import Payloads
@@ -177,7 +179,8 @@ def class_request(stream: bool, model: str | None, rest: dict[str, Any], max_fie
 
 class EventClient:
     """A typed-event protocol's client for some workload classes of one (protocol, URL). A protocol
-    subclass gives the field names and `_class_request`, `Stream`, `usage_into` and `whole`."""
+    subclass gives the field names and `_class_request`, `Stream`, `usage_into`, `whole`, and how its
+    context carries tool calls (`called`, `answered`)."""
 
     Stream: ClassVar[type[EventStream]]
     MESSAGES: ClassVar[bytes]  # the field that carries the messages (a session's)
@@ -188,9 +191,20 @@ class EventClient:
         self._pool = HttpPool(scenario.endpoint(classes[0]).url, scenario.target.timeout,
                               scenario.limits.max_response_bytes)
         self._payloads = payloads
-        self._classes = {c: self._class_request(scenario, c) for c in classes}
+        self._classes = {c: self._class_request(scenario, c, payloads.tool_descriptions(c)) for c in classes}
 
-    def _class_request(self, scenario: Scenario, cls: int) -> ClassRequest:
+    def _class_request(self, scenario: Scenario, cls: int, tools: list[str] | None) -> ClassRequest:
+        """`tools`: an agent class's tools' descriptions (Payloads.tool_descriptions), sent as `tools`."""
+        raise NotImplementedError
+
+    @staticmethod
+    def called(answer: str, calls: list[ToolCall]) -> bytes:
+        """The context's pieces for an answer with tool calls (tools.py), each after a comma."""
+        raise NotImplementedError
+
+    @staticmethod
+    def answered(calls: tuple[tuple[str, str], ...], text: str) -> bytes:
+        """The context's pieces for a round's tool result answering `calls` (tools.py), each after a comma."""
         raise NotImplementedError
 
     def prompt(self, text: str) -> bytes:
@@ -206,6 +220,11 @@ class EventClient:
     def whole(doc: dict[str, Any]) -> tuple[str | None, dict[str, Any], str, str]:
         """A whole answer's JSON object: (why it is not an answer, or None; its usage; its text; the rest of
         what it generated: reasoning, tool input)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def whole_calls(doc: dict[str, Any]) -> list[ToolCall]:
+        """A whole answer's tool calls (tools.py)."""
         raise NotImplementedError
 
     async def open(self) -> None:
@@ -242,28 +261,36 @@ class EventClient:
         ..., user k]`. The turn's text joins the carried history here (a failed turn ends its session,
         so its text is never carried), the answer in `_remember`."""
         conv = request.session
+        text = with_reports(conv, text)
         if conv.history is None:
             prefix = self._payloads.prefix(conv.cls, conv.prefix) if conv.prefix >= 0 else None
             conv.history = _History(b'%s:%s,' % (self.SYSTEM, dumps(prefix).encode()) if prefix else b"")
         history: _History = conv.history
-        turn = b'%s{"role":"user","content":%s}' % (b"," if history.messages else b"", dumps(text).encode())
+        if conv.calls:  # an agent's round: its tool result answers the calls the model made
+            turn, conv.calls = self.answered(conv.calls, text), ()
+        else:
+            turn = b'%s{"role":"user","content":%s}' % (b"," if history.messages else b"", dumps(text).encode())
         if conv.carry:
             history.messages += turn
             turn = b""
         conv.carried = history.size()
         return b"%s%s:[%s%s]" % (history.system, self.MESSAGES, history.messages, turn)
 
-    def _remember(self, request: Request, answer: str) -> str | None:
+    def _remember(self, request: Request, answer: str, calls: list[ToolCall]) -> str | None:
         """After a session turn's answer: the answer joins the history the next turn carries, as an
-        assistant message. Returns why it cannot (the answer's `protocol` error): text that is not valid
-        Unicode, which no request can carry."""
-        if not answer and not self.CARRY_EMPTY:
+        assistant message, with the tool calls it made (`called`; the next round answers them). Returns
+        why it cannot (the answer's `protocol` error): text that is not valid Unicode, which no request
+        can carry."""
+        if not answer and not self.CARRY_EMPTY and not calls:
             return None
-        try:
-            piece = b',{"role":"assistant","content":%s}' % dumps(answer).encode()
-        except UnicodeEncodeError as exc:  # UTF-8 refuses only surrogates, which json.loads lets through
-            return lone_surrogate(answer, exc)
         conv = request.session
+        try:
+            piece = (self.called(answer, calls) if calls
+                     else b',{"role":"assistant","content":%s}' % dumps(answer).encode())
+        except UnicodeEncodeError as exc:  # UTF-8 refuses only surrogates, which json.loads lets through
+            return lone_surrogate(next((t for t in (answer, *(a for *_, a in calls)) if exc.object[exc.start] in t),
+                                       answer), exc)
+        conv.calls = tuple((i, n) for i, n, _ in calls)
         conv.history.messages += piece
         conv.carried = conv.history.size()
         return None
@@ -279,7 +306,8 @@ class EventClient:
         data, encode_ns = request.wire, request.encode_ns
         body_len = len(data) - data.index(b"\r\n\r\n") - 4
         conv = request.session
-        keep = conv is not None and conv.carry and request.turn < conv.turns  # a later turn carries this answer
+        # a later turn carries this answer, or the job a sub-agent reports to
+        keep = conv is not None and conv.carry and (request.turn < conv.turns or conv.reports_to is not None)
         counts = self._payloads.counts_output  # workload.tokenizer counts an answer without usage
         sent = _pc()
         stream = self.Stream(keep or counts, counts) if cls.stream else None
@@ -294,29 +322,32 @@ class EventClient:
                           bytes_in=response.body_len, encode_ns=encode_ns)
         with_server_headers(outcome, response)
         if stream is None:
-            answer, rest = self._whole(outcome, response)
+            answer, rest, calls = self._whole(outcome, response)
         else:
             self._streamed(outcome, response, stream)
             answer = "".join(stream.text) if stream.text is not None else ""
             rest = "".join(stream.rest) if stream.rest is not None else ""
+            calls = stream.calls.done()
         if counts:
             self._payloads.count_output(outcome, rest + answer)
         refused_what(outcome, cls.sends)
-        if keep and outcome.error is None and (problem := self._remember(request, answer)) is not None:
+        if keep and outcome.error is None and (problem := self._remember(request, answer, calls)) is not None:
             outcome.error, outcome.reason = "protocol", problem
+        elif keep and conv.reports_to is not None:
+            conv.answer = answer
         return outcome
 
     def _streamed(self, outcome: Outcome, response: Response, stream: EventStream) -> None:
         if stream_outcome(outcome, response, stream) and not self.usage_into(outcome, stream.usage):
             outcome.output_tokens = len(stream.token_ns)
 
-    def _whole(self, outcome: Outcome, response: Response) -> tuple[str, str]:
-        """A whole (not streamed) answer's outcome; returns its text (for a session's history) and the rest
-        of what it generated (to count it)."""
+    def _whole(self, outcome: Outcome, response: Response) -> tuple[str, str, list[ToolCall]]:
+        """A whole (not streamed) answer's outcome; returns its text (for a session's history), the rest
+        of what it generated (to count it) and its tool calls."""
         body = response.body or b""
         if response.status >= 400:
             http_error(outcome, response, body)
-            return "", ""
+            return "", "", []
         started = _pc()
         try:
             doc = loads(body)
@@ -325,10 +356,12 @@ class EventClient:
         outcome.decode_ns = _pc() - started
         if type(doc) is not dict:
             outcome.error, outcome.reason = "protocol", f"response is not a JSON object: {clip(body)}"
-            return "", ""
+            return "", "", []
         problem, usage, text, rest = self.whole(doc)
         if problem is not None:
             outcome.error, outcome.reason = "protocol", problem
-            return "", ""
+            return "", "", []
         self.usage_into(outcome, usage)
-        return text, rest
+        calls = self.whole_calls(doc)
+        into(outcome, calls)
+        return text, rest, calls

@@ -12,7 +12,7 @@ subclass reads the events (`_events`: token chunks into `token_ns`, `reasoning_c
 The Outcome of a streamed request, for the protocol's client:
 
 - `stream_outcome`: an HTTP error (>= 400, with the kept body's message: http.http_error), else the
-  stream's token_ns, decode_ns, reasoning_chunks and content_ns, and as a `protocol` error the first
+  stream's token_ns, decode_ns, reasoning_chunks, content_ns and tool calls (`calls`, tools.py), and as a `protocol` error the first
   of: a Content-Type that is not text/event-stream (with the error a JSON body says), the stream's
   own error, a stream that ends without its end (with the body when not one event came);
 - `failed_outcome`: a request whose connection failed (http.Failure); once the response had started,
@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 from latscope.protocols.http import Failure, Response, http_error
 from latscope.protocols.json_text import MAX_ERROR_BODY, clip, error_message, loads, tokens_text
 from latscope.protocols.sse import SseParser
+from latscope.protocols.tools import ToolCalls, into
 from latscope.records import Outcome
 
 _pc = time.perf_counter_ns
@@ -39,7 +40,7 @@ class SseSink:
 
     END: ClassVar[str] = ""
     __slots__ = ("parser", "token_ns", "reasoning_chunks", "content_ns", "done", "error", "usage", "decode_ns", "raw",
-                 "raw_len", "events", "text")
+                 "raw_len", "events", "text", "calls")
 
     def __init__(self, keep_text: bool = False) -> None:
         self.parser = SseParser()
@@ -54,6 +55,7 @@ class SseSink:
         self.raw_len = 0
         self.events = 0
         self.text: list[str] | None = [] if keep_text else None  # the answer's pieces, for a session's history
+        self.calls = ToolCalls()  # the tool calls it streamed (tools.py)
 
     def __call__(self, piece: bytes, read_ns: int) -> None:
         started = _pc()
@@ -111,6 +113,8 @@ def stream_outcome(outcome: Outcome, response: Response, stream: SseSink) -> boo
     stream.finish(response.end_ns)
     outcome.token_ns, outcome.decode_ns = stream.token_ns, stream.decode_ns
     outcome.reasoning_chunks, outcome.content_ns = stream.reasoning_chunks, stream.content_ns
+    if stream.calls:
+        into(outcome, stream.calls.done())
     content_type = response.headers.get("content-type", "")
     if content_type and not content_type.lower().startswith("text/event-stream"):
         detail = ""

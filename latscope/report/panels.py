@@ -22,6 +22,7 @@ import pandas as pd
 from latscope.analysis import coldstart, correlation, explain, percentiles, serialization, server_signals, sessions
 from latscope.analysis.run_data import RunData
 from latscope.report import figures
+from latscope.report.agents_panel import agents_panel
 from latscope.report.coldstart_panel import coldstart_panel as draw_coldstart
 from latscope.report.escape import esc_html
 from latscope.report.figures import Panel
@@ -213,6 +214,7 @@ PANELS: tuple[PanelSpec, ...] = (
     PanelSpec("models", "Models", models_panel),
     PanelSpec("server-view", "Server's view", server_panel),
     PanelSpec("sessions", "Sessions and prefix cache", sessions_panel),
+    PanelSpec("agents", "Agents", agents_panel),
     PanelSpec("gpu", "GPU lanes", gpu_panel),
     PanelSpec("coldstart", "Cold starts", coldstart_panel),
     PanelSpec("serialization", "Serialization", serialization_panel),

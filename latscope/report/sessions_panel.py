@@ -16,6 +16,7 @@ here holds one), the run's own notes too (summary.json is a file anyone can edit
 from __future__ import annotations
 
 import math
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -80,13 +81,15 @@ _CACHE_COLUMNS = (("prompt tokens (cache reported)", "prompt_tokens", "int"), ("
 _WRITE = {"int": _int, "ms": fmt_ms, "pct": _pct}
 
 
-def _table(tables: list[tuple[str, pd.DataFrame]], columns: tuple, compare: bool) -> str:
-    """One HTML table of every run's rows (a "run" column first when comparing); "" without rows.
-    The "all" row, where there is one, is marked as the total."""
+def class_table(tables: list[tuple[str, pd.DataFrame]], columns: tuple, compare: bool,
+                write: dict[str, Callable[[Any], str]] = _WRITE) -> str:
+    """One HTML table of every run's rows (a "run" column first when comparing), a row's class first, then
+    `columns` ((heading, field, how it is written: a key of `write`)); "" without rows. The "all" row,
+    where there is one, is marked as the total."""
     rows = "".join(
         ('<tr class="total">' if r["class"] == "all" else "<tr>") + (f"<td><b>{run}</b></td>" if compare else "")
         + f"<td>{esc_label(r['class'])}</td>"
-        + "".join(f"<td class=n>{_WRITE[kind](r[field])}</td>" for _, field, kind in columns) + "</tr>"
+        + "".join(f"<td class=n>{write[kind](r[field])}</td>" for _, field, kind in columns) + "</tr>"
         for run, df in tables for _, r in df.iterrows())
     if not rows:
         return ""
@@ -178,12 +181,12 @@ def sessions_panel(sessions: pd.DataFrame, turns: pd.DataFrame, timeline: pd.Dat
     session_classes = {c for r in runs for c in r[1]["class"]}
     # the prefix cache of classes without sessions (a trace replay, or a class beside the chat ones)
     cache_tables = [(r[0], r[4]) for r in runs if len(r[4]) and set(r[4]["class"]) - session_classes - {"all"}]
-    details = _table([(r[0], r[2]) for r in runs], _TURN_COLUMNS, compare)
+    details = class_table([(r[0], r[2]) for r in runs], _TURN_COLUMNS, compare)
     limited = any(len(r[1]) and (r[1]["history_limit"] > 0).any() for r in runs)  # the column only where it says something
     session_columns = _SESSION_COLUMNS[:4] + (("history limit", "history_limit", "int"),) * limited + _SESSION_COLUMNS[4:]
-    tables = _table([(r[0], r[1]) for r in runs], session_columns, compare) + (
+    tables = class_table([(r[0], r[1]) for r in runs], session_columns, compare) + (
         f"<details><summary>Every turn (outside warm-up)</summary>{details}</details>" if details else "")
-    cache_html = _table(cache_tables, _CACHE_COLUMNS, compare)
+    cache_html = class_table(cache_tables, _CACHE_COLUMNS, compare)
     if cache_html:
         cache_html = ("<p>The prefix cache over every request of each class (cached ÷ prompt tokens, of the requests the "
                       "server reported cached tokens for):</p>" + cache_html)

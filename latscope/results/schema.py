@@ -71,6 +71,15 @@ SESSION_COUNTERS = ("sessions_started", "sessions_completed", "sessions_abandone
                     "sessions_history_limit")
 REASONING_COUNTERS = ("reasoning_tokens", "empty", "items")
 #
+# Agents (intervals.py): `tool_calls`, the tool calls completed answers made, and `tool_calls_invalid`,
+# those whose arguments did not parse as a JSON object (protocols/tools.py); of an agent class's
+# completed jobs (chat.py; how many: sessions_completed), `job_rounds` (their rounds summed), `job_context_tokens` (the prompt
+# tokens of each one's last round), `job_prompt_tokens` and `job_cached_tokens` (over their rounds
+# whose server said what it cached: the jobs' cached share), `jobs_good` (those that met every objective:
+# agent.max_job_time and, in each round, the class's goodput objectives).
+AGENT_COUNTERS = ("tool_calls", "tool_calls_invalid", "job_rounds", "job_context_tokens",
+                  "job_prompt_tokens", "job_cached_tokens", "jobs_good")
+#
 # Where token counts came from, and how far the server's were from the plan (intervals.py, over
 # completed requests; summary.json tokens.<class>.counts). Prompt: `prompt_from_usage` (the server
 # said: usage), `prompt_from_plan` (it did not: the plan's count stands in, the tokenizer's for a
@@ -91,7 +100,7 @@ TOKEN_SOURCE_COUNTERS = ("prompt_from_usage", "prompt_from_plan", "prompt_checke
 MAX_COUNTERS = ("prompt_above_max", "prompt_below_max")
 _FIRST_COUNTERS = ("sent", "completed", "dropped", "late", "cancelled", *ERROR_KINDS, *TOKEN_COUNTERS)
 COUNTERS = (*_FIRST_COUNTERS, *GOODPUT_COUNTERS, *CACHE_COUNTERS, *SESSION_COUNTERS, *REASONING_COUNTERS,
-            *TOKEN_SOURCE_COUNTERS)
+            *TOKEN_SOURCE_COUNTERS, *AGENT_COUNTERS)
 SENT, COMPLETED, DROPPED, LATE, CANCELLED = range(5)
 ERROR_INDEX = {kind: 5 + i for i, kind in enumerate(ERROR_KINDS)}
 PROMPT_TOKENS, OUTPUT_TOKENS, OUTPUT_TOKENS_USAGE = (COUNTERS.index(c) for c in TOKEN_COUNTERS)
@@ -104,6 +113,8 @@ REASONING_TOKENS, EMPTY, ITEMS = (COUNTERS.index(c) for c in REASONING_COUNTERS)
  PROMPT_BELOW_MAX, OUTPUT_FROM_USAGE, OUTPUT_BY_TOKENIZER, OUTPUT_FROM_CHUNKS, OUTPUT_UNCOUNTED, OUTPUT_CHECKED,
  OUTPUT_SHORT, OUTPUT_SHORT_TOKENS, OUTPUT_LONG) = (COUNTERS.index(c) for c in TOKEN_SOURCE_COUNTERS)
 MAX_INDEX = tuple(COUNTERS.index(c) for c in MAX_COUNTERS)
+(TOOL_CALLS, TOOL_CALLS_INVALID, JOB_ROUNDS, JOB_CONTEXT_TOKENS, JOB_PROMPT_TOKENS,
+ JOB_CACHED_TOKENS, JOBS_GOOD) = (COUNTERS.index(c) for c in AGENT_COUNTERS)
 
 
 def add_counters(total, row):  # numpy int64 arrays of COUNTERS (total None: none yet)
@@ -138,7 +149,7 @@ ROW_STATS = ("count", "min_ms", "mean_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms
 # Columns are added at the end, so the columns of a file written by older code are a prefix of these.
 TIMESERIES_COLUMNS = ("interval_start_s", "interval_s", "phase", "metric", "class", *ROW_STATS, "scheduled",
                       *_FIRST_COUNTERS, "errors", "in_flight", *GOODPUT_COUNTERS, *CACHE_COUNTERS, *SESSION_COUNTERS,
-                      *REASONING_COUNTERS, *TOKEN_SOURCE_COUNTERS)
+                      *REASONING_COUNTERS, *TOKEN_SOURCE_COUNTERS, *AGENT_COUNTERS)
 TELEMETRY_COLUMNS = ("t_s", "source", "device", "metric", "value")
 # A session's later turns follow its rows (intended_s NaN: each is due its think_s after the answer
 # before it), so a request's `seq` (its X-Request-Id) is its row; a closed-loop phase plans no requests.
@@ -199,6 +210,10 @@ REQUEST_COLUMNS: dict[str, str] = {
     "output_count": "string: where output_tokens came from: `usage`, `tokenizer` (workload.tokenizer on the answer's text), "
                     "`chunks` (a stream's chunks counted); null: not counted",
 }
+# A sub-agent of an agent's job (docs/agents.md) is a session of its own: its `session` in requests.parquet
+# is SUB_AGENT_BASE + job · 16 + i (i: its index in the job's fan-out, 16: the most a fan-out starts), and
+# its round k's `row` (request number, X-Request-Id) SUB_AGENT_BASE + (job · 16 + i) · 64 + k − 1.
+SUB_AGENT_BASE = 1 << 40
 REQUEST_SERVER_PREFIX = "server."  # then one float64 column per Server-Timing part (ms)
 
 # -- metrics (histograms.hlog tags, summary.json "metrics", timeseries.parquet "metric") -----------
@@ -237,6 +252,12 @@ METRICS: dict[str, Metric] = {
     "replica_latency": Metric("latency per replica", "latency, with the replica that answered (X-Replica-Id) as its "
                                                      "class (replica_class)"),
     "session_duration": Metric("session duration", "a completed session's turn-1 intended time → its last answer's end"),
+    "job_time": Metric("job time", "an agent's completed job: its start (round 1's intended time) → its last "
+                                   "answer's end, what the user waits for (= job_model_time + job_tool_time)"),
+    "job_model_time": Metric("job model time", "the latencies of a completed job's rounds, summed: the model's "
+                                               "part of its critical path"),
+    "job_tool_time": Metric("job tool time", "the tool waits of a completed job, summed: the tools' part of its "
+                                             "critical path"),
     "turn.<metric>": Metric("<metric> by turn", "latency, ttft, itl or tpot of a session's turns, the class "
                                                 "`<class>#<turn>` (turn_class): turn 1 against later turns is the "
                                                 "prefix cache's story"),
@@ -265,6 +286,7 @@ METRIC_GROUPS = (
     ("Where the service time goes (means add up; see Serialization)", ("network", "server.*", "decode")),
     ("Client serialization (encode is done ahead of the send)", ("encode", "client_inclusive")),
     ("Per replica (class = replica id)", ("replica_latency",)),
+    ("Agents (jobs)", ("job_time", "job_model_time", "job_tool_time")),
     ("Sessions (class#turn)", ("session_duration", "turn.*")),
     ("Load generator health (should stay near zero)", ("send_lag", "loop_lag")),
 )

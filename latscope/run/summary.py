@@ -25,8 +25,8 @@ from latscope import __version__, results
 from latscope.analysis.coldstart import cold_start_summary
 from latscope.analysis.models import model_mix
 from latscope.analysis.run_data import load_run
-from latscope.analysis.verdicts import (lag_thresholds, no_success_reason, node_stamp, slo_verdicts, tightest_limit,
-                                       validity)
+from latscope.analysis.verdicts import (goodput_view, lag_thresholds, no_success_reason, node_stamp, slo_verdicts,
+                                       tightest_limit, validity)
 from latscope.plan import Plan
 from latscope.recorder import summarize
 from latscope.results.schema import (ALL, CACHE_REPORTED, CACHED_TOKENS, CANCELLED, COMPLETED, COUNTERS, DROPPED,
@@ -35,6 +35,8 @@ from latscope.results.schema import (ALL, CACHE_REPORTED, CACHED_TOKENS, CANCELL
                                      TIMESERIES_COLUMNS, TURN_CACHED, TURN_COUNTERS, TURN_METRICS, TURN_PREFIX,
                                      TURN_REPORTED, summary_order, turn_class)
 from latscope.results.schema import ITEMS
+from latscope.results.schema import (JOB_CACHED_TOKENS, JOB_CONTEXT_TOKENS, JOB_PROMPT_TOKENS, JOB_ROUNDS, JOBS_GOOD,
+                                     TOOL_CALLS, TOOL_CALLS_INVALID)
 from latscope.results.schema import PROMPT_FROM_USAGE
 from latscope.run.token_counts import token_counts
 from latscope.run.collector import Collector
@@ -131,6 +133,7 @@ def build_summary(facts: RunFacts) -> dict:
     if (nothing := no_success_reason(requests, errors, facts.error_examples)) is not None:
         verdict, reasons = "invalid", [*reasons, nothing]
     goodput = _goodput(facts, window)  # before the SLO verdicts, which may read it
+    agents = _agents(facts, metrics, window)  # so are the jobs'
     launched = facts.launched
     return {
         "schema_version": results.SCHEMA_VERSION,
@@ -159,8 +162,10 @@ def build_summary(facts: RunFacts) -> dict:
         "load": _load(plan),
         "prompt_salt": salt_record(scenario),
         "sessions": _sessions(facts, metrics),
+        "agents": agents,
         "models": _models(facts, by_class),
-        "slo": slo_verdicts(metrics, scenario.slos, requests, requests["completed"] / window if window else 0.0, goodput),
+        "slo": slo_verdicts(metrics, scenario.slos, requests, requests["completed"] / window if window else 0.0,
+                            goodput_view({"goodput": goodput, "agents": agents})),
         "phases": [
             {"name": p.name, "start_s": p.start_s, "duration_s": p.duration_s, "warmup": p.warmup}
             for p in plan.phases
@@ -368,6 +373,40 @@ def _sessions(facts: RunFacts, metrics: dict) -> dict:
                                       **stats}
         entry["by_turn"] = by_turn
         out[name] = entry
+    return out
+
+
+def _agents(facts: RunFacts, metrics: dict, window: float) -> dict:
+    """summary.json's `agents`, outside warm-up: {} without agent classes; else per agent class that
+    started a job: its jobs by how they ended (as its sessions: SESSION_COUNTERS), the ROW_STATS of
+    job_time, job_model_time and job_tool_time, the completed jobs' mean rounds and mean context at
+    their last round (tokens), their cached share (cached / cache-reported prompt tokens of their
+    rounds; null when the server never said), the tool calls of all its answers (how many, and how
+    many whose arguments were no JSON object), and the jobs' goodput: `good` (completed jobs that met
+    every objective: agent.max_job_time, the class's goodput objectives in every round), `total` (jobs
+    that ended: started − cut), `fraction` (good / total, null without one) and `rps` (good jobs per
+    second of the measured window). Round by round: sessions.<class>.by_turn."""
+    counters = facts.collector.counters if facts.collector else {}
+    classes = facts.scenario.workload.effective_classes()
+    out: dict[str, dict] = {}
+    for c, name in enumerate(facts.plan.class_names):
+        row = sum((v for (n, w), v in counters.items() if n == name and not w), np.zeros(len(COUNTERS), np.int64))
+        if classes[c].agent is None or not row[SESSIONS_STARTED]:
+            continue
+        jobs = {counter.removeprefix("sessions_"): int(row[COUNTERS.index(counter)]) for counter in SESSION_COUNTERS}
+        completed, ended = jobs["completed"], jobs["started"] - jobs["cut"]
+        out[name] = {
+            "jobs": jobs,
+            **{metric: metrics.get(metric, {}).get(name, {"count": 0})
+               for metric in ("job_time", "job_model_time", "job_tool_time")},
+            "rounds_mean": round(int(row[JOB_ROUNDS]) / completed, 3) if completed else None,
+            "context_tokens_mean": round(int(row[JOB_CONTEXT_TOKENS]) / completed, 1) if completed else None,
+            "cached_share": _hit_rate(int(row[JOB_CACHED_TOKENS]), int(row[JOB_PROMPT_TOKENS]))["hit_rate"],
+            "tool_calls": {"count": int(row[TOOL_CALLS]), "invalid_json": int(row[TOOL_CALLS_INVALID])},
+            "goodput": {"good": int(row[JOBS_GOOD]), "total": ended,
+                        "fraction": round(int(row[JOBS_GOOD]) / ended, 6) if ended else None,
+                        "rps": round(int(row[JOBS_GOOD]) / window, 6) if window else 0.0},
+        }
     return out
 
 

@@ -126,7 +126,8 @@ class TraceLengths(Model):
 
 class TraceArrival(Model):
     """Arrival times replayed from a file (relative paths: from the scenario's folder): a CSV with a
-    time column (`format: csv`), or a Mooncake trace (`format: mooncake`: JSON lines of timestamp ms,
+    time column (`format: csv`), an agent trace (`format: agents`: JSON lines of agent jobs, their starts,
+    rounds and sub-agents, latscope/agent_trace.py; the phase's classes must be agent classes), or a Mooncake trace (`format: mooncake`: JSON lines of timestamp ms,
     input_length, output_length and hash_ids of 512-token blocks), whose prompts are built so that
     equal block ids are equal text and different ids different text (latscope/mooncake.py): the
     server sees exactly the trace's prefix sharing. `scale` (mooncake) shrinks the blocks and
@@ -134,7 +135,7 @@ class TraceArrival(Model):
 
     type: Literal["trace"] = "trace"
     file: str = Field(min_length=1)
-    format: Literal["csv", "mooncake"] = "csv"
+    format: Literal["csv", "mooncake", "agents"] = "csv"
     time_column: str | None = None
     speedup: float = Field(1.0, gt=0)
     start: Duration = 0.0  # skip the trace's first `start` seconds
@@ -149,6 +150,9 @@ class TraceArrival(Model):
                              "columns and scale (scale shrinks them; lengths.max_prompt and max_output cap them)")
         if self.format == "csv" and self.scale != 1:
             raise ValueError("scale is for format: mooncake; a CSV trace's lengths scale with lengths.scale")
+        if self.format == "agents" and (self.time_column is not None or self.lengths is not None or self.scale != 1):
+            raise ValueError("an agent trace brings its jobs' starts and every round's lengths (agent_trace.py): leave "
+                             "out time_column, lengths and scale")
         return self
 
 

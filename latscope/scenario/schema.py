@@ -91,6 +91,12 @@ class Scenario(Model):
             for j, name in enumerate(phase.classes or ()):
                 if name not in known:
                     raise ProblemAt(("phases", i, "classes", j), f"{name!r} is not a workload class (known: {', '.join(known)})")
+            if getattr(phase.arrival, "format", None) == "agents":  # its arrivals are agent jobs
+                classes = self.workload.effective_classes()
+                if not all(c.agent is not None for c in classes if phase.classes is None or c.name in phase.classes):
+                    agents = [c.name for c in classes if c.agent is not None]
+                    raise ProblemAt(("phases", i, "classes"), "an agent trace's arrivals are agent jobs: give the phase "
+                                    f"classes: [...] of agent classes only (here: {', '.join(agents) or 'none'})")
         return self
 
     @field_validator("actions")
@@ -160,6 +166,13 @@ class Scenario(Model):
                     raise ProblemAt((*where, "url"), str(exc)) from None
             if spec.needs_model and (cls.model or self.target.model) is None:
                 raise ProblemAt(where, f"protocol {protocol} needs a model name (target.model or the class's model)")
+            if cls.agent is not None and (not spec.sessions or (protocol == "openai" and (cls.openai or self.target.openai).api != "chat")):
+                raise ProblemAt((*where, "agent"), f"agents call tools: they need protocol openai (api: chat), "
+                                                    f"openai-responses or anthropic-messages, not {protocol}"
+                                                    + (" with api: completions" if protocol == "openai" else ""))
+            if cls.agent is not None and cls.agent.carry_reasoning and protocol != "openai":
+                raise ProblemAt((*where, "agent", "carry_reasoning"), f"{protocol} cannot carry reasoning: its API takes "
+                                "reasoning back only as the items the server signed or encrypted, which latscope does not keep")
             if cls.session is not None and not spec.sessions:
                 raise ProblemAt((*where, "session"), f"sessions are conversations of text turns: they need protocol "
                                                       f"openai, openai-responses or anthropic-messages, not {protocol}")

@@ -44,6 +44,7 @@ SLO_RUN_STATS = ("error_rate", "throughput")  # of the whole run, not of a metri
 SLO_GOODPUT_STATS = ("fraction", "rps")  # of summary.json's goodput (metric: goodput)
 SLO_TIME_STATS = ("p50", "p90", "p95", "p99", "p99.9", "max", "mean")  # of a metric's histogram, in ms
 GOODPUT = "goodput"  # the SLO metric of the goodput statistics
+JOB_GOODPUT = "job_goodput"  # the SLO metric of an agent class's jobs' goodput (agent.max_job_time)
 
 
 class Slo(Model):
@@ -89,11 +90,12 @@ class Slo(Model):
 
     @model_validator(mode="after")
     def _limit_fits_stat(self) -> Slo:
-        if self.stat in SLO_GOODPUT_STATS and self.metric != GOODPUT:
-            raise ValueError(f"stat {self.stat} is a goodput statistic: write metric: goodput")
-        if self.metric == GOODPUT and self.stat not in SLO_GOODPUT_STATS:
-            raise ValueError(f"metric goodput takes stat fraction (good / measured requests) or rps (good req/s), "
-                             f"not {self.stat}")
+        if self.stat in SLO_GOODPUT_STATS and self.metric not in (GOODPUT, JOB_GOODPUT):
+            raise ValueError(f"stat {self.stat} is a goodput statistic: write metric: goodput (or job_goodput)")
+        if self.metric in (GOODPUT, JOB_GOODPUT) and self.stat not in SLO_GOODPUT_STATS:
+            unit = "jobs" if self.metric == JOB_GOODPUT else "requests"
+            raise ValueError(f"metric {self.metric} takes stat fraction (good / measured {unit}) or rps (good {unit} "
+                             f"per s), not {self.stat}")
         if self.stat in SLO_RUN_STATS or self.stat in SLO_GOODPUT_STATS:
             if self.limit is None or self.limit_ms is not None:
                 unit = {"error_rate": "a fraction 0..1", "fraction": "a fraction 0..1"}.get(self.stat, "req/s")

@@ -209,6 +209,13 @@ def _think(value: Any) -> Any:
     return value
 
 
+def _think_at_most(think: ThinkDist, what: str) -> ThinkDist:
+    top = {"fixed": "value", "uniform": "max", "exponential": "mean", "lognormal": "mean"}[think.dist]
+    if getattr(think, top) > MAX_THINK_S:
+        raise ValueError(f"{what} are at most {MAX_THINK_S:g} s")
+    return think
+
+
 class SharedPrefix(Model):
     """A system prompt of `tokens` tokens in front of every turn of the class's sessions: the same text
     for every session, or one of `variants` different texts (each session takes one, seeded)."""
@@ -247,10 +254,109 @@ class Session(Model):
     @field_validator("think_time")
     @classmethod
     def _think_bounded(cls, think: ThinkDist) -> ThinkDist:
-        top = {"fixed": "value", "uniform": "max", "exponential": "mean", "lognormal": "mean"}[think.dist]
-        if getattr(think, top) > MAX_THINK_S:
-            raise ValueError(f"think times are at most {MAX_THINK_S:g} s")
-        return think
+        return _think_at_most(think, "think times")
+
+
+MAX_TOOLS = 128  # tools one agent declares
+
+
+class Tools(Model):
+    """The tools an agent declares, sent with every request as the body's `tools` (in its API's shape:
+    protocols/tools.py): `count` functions, each taking one string argument, whose descriptions come to
+    `schema_tokens` words of the synthetic text in all (a real agent's tool schemas are thousands of
+    tokens, which the server prefills every round and a prefix cache keeps)."""
+
+    count: int = Field(1, ge=1, le=MAX_TOOLS)
+    schema_tokens: int = Field(0, ge=0, le=MAX_LENGTH)
+
+
+MAX_FAN_OUT = 16  # sub-agents one fan-out starts
+
+
+class _Rounds(Model):
+    """What an agent and a fan-out's sub-agents both have: rounds, tool waits, tool results."""
+
+    rounds: Length  # model rounds per job, at most MAX_TURNS
+    tool_latency: Annotated[ThinkDist | None, BeforeValidator(_think)] = None
+    tool_result_tokens: Length | None = None
+
+    @field_validator("rounds")
+    @classmethod
+    def _rounds_bounded(cls, rounds: LengthDist) -> LengthDist:
+        return _at_most(rounds, MAX_TURNS, f"agent jobs have at most {MAX_TURNS} rounds")
+
+    @field_validator("tool_latency")
+    @classmethod
+    def _latency_bounded(cls, latency: ThinkDist | None) -> ThinkDist | None:
+        return None if latency is None else _think_at_most(latency, "tool latencies")
+
+
+class FanOut(_Rounds):
+    """At round `at_round` of a job (after its answer), `agents` sub-agents start at once, each a job of
+    its own: `rounds` rounds, its task of `prompt_tokens` (default: the class's), the class's tools and
+    output_tokens, its own context. The parent's next round goes when the last of them has ended (the
+    sub-agents are that round's tool: no tool wait of its own), carrying their final answers and its
+    tool result. A failed sub-agent round abandons the whole job. Unset fields take the agent's."""
+
+    at_round: int = Field(ge=1, le=MAX_TURNS - 1)
+    agents: Length
+    prompt_tokens: Length | None = None
+
+    @field_validator("agents")
+    @classmethod
+    def _agents_bounded(cls, agents: LengthDist) -> LengthDist:
+        return _at_most(agents, MAX_FAN_OUT, f"a fan-out starts at most {MAX_FAN_OUT} sub-agents")
+
+
+class Agent(_Rounds):
+    """The class's requests are agent jobs (docs/agents.md): each job sends `rounds` requests over
+    one growing context. Round 1 sends the task (the class's prompt_tokens) with the declared `tools`;
+    the model answers (with tool calls, or text); the tools run for `tool_latency`, and round k + 1 is
+    sent then, carrying the whole context so far: every earlier request's new text, the model's answers
+    as the API represents them (its tool calls with their arguments as streamed), and the round's tool
+    result of `tool_result_tokens` (as the answer to each tool call the model made, else as a user
+    message). Arrivals are job starts (open loop) or agents (closed loop, `arrival: {type: users}`).
+    A job is a session whose turns are rounds and whose think times are tool waits, so everything a
+    session has (by-turn metrics, prefix-cache hit rate by turn, bounds on the carried history) holds
+    for jobs by round."""
+
+    tools: Tools = Tools()
+    tool_latency: Annotated[ThinkDist, BeforeValidator(_think)] = FixedThink(value=0.0)
+    # tool_result_tokens (_Rounds): default, the class's prompt_tokens
+    max_history_bytes: int = Field(8 << 20, ge=1)  # as a session's (Session.max_history_bytes)
+    carry_reasoning: bool = False  # as a session's (openai chat only)
+    fan_out: FanOut | None = None
+    # A job is good (summary.json agents.<class>.goodput; SLO metric job_goodput) when it completed
+    # within max_job_time and each of its rounds met the class's goodput objectives (when it has some).
+    max_job_time: Duration | None = None
+
+    @field_validator("max_job_time")
+    @classmethod
+    def _positive(cls, limit: float | None) -> float | None:
+        if limit is not None and limit <= 0:
+            raise ValueError("max_job_time must be more than 0 s")
+        return limit
+
+    @model_validator(mode="after")
+    def _fan_out_within_rounds(self) -> Agent:
+        if self.fan_out is not None:
+            low = self.rounds.value if self.rounds.dist == "fixed" else getattr(self.rounds, "min", 1)
+            if self.fan_out.at_round >= low:
+                raise ValueError(f"fan_out.at_round {self.fan_out.at_round}: the sub-agents report to the round after it, "
+                                 f"so every job needs more rounds than that (rounds can be {low})")
+        return self
+
+    def sub_agent(self) -> Agent:
+        """What a sub-agent of the fan-out is: its own rounds and waits, this agent's tools, no fan-out."""
+        fan_out = self.fan_out
+        return self.model_copy(update={
+            "rounds": fan_out.rounds, "tool_latency": fan_out.tool_latency or self.tool_latency,
+            "tool_result_tokens": fan_out.tool_result_tokens or self.tool_result_tokens, "fan_out": None})
+
+    def as_session(self) -> Session:
+        """The session a job is: rounds as turns, tool waits as think times, the history carried."""
+        return Session(turns=self.rounds, think_time=self.tool_latency, history="carry",
+                       max_history_bytes=self.max_history_bytes, carry_reasoning=self.carry_reasoning)
 
 
 # The KServe v2 datatypes a tensor may be given as, and the numpy dtype of each (workload.py builds
@@ -307,6 +413,7 @@ class WorkloadClass(Model):
     tensors: list[TensorSpec] = []
     goodput: Goodput | None = None
     session: Session | None = None
+    agent: Agent | None = None
     # Batch protocols (openai-embeddings, rerank): `batch` items in each request, each of prompt_tokens
     # tokens (or a dataset's rows); rerank's query has query_tokens. Drawn per request (protocols/embeddings.py).
     batch: Length | None = None
@@ -351,7 +458,18 @@ class WorkloadClass(Model):
     def _one_prompt_source(self) -> WorkloadClass:
         if self.dataset is not None and self.prompt_tokens is not None:
             raise ValueError("give prompt_tokens (synthetic prompts) or a dataset, not both")
+        if self.agent is not None and self.session is not None:
+            raise ValueError("an agent's jobs are sessions of their own (rounds, tool_latency): give agent or session, "
+                             "not both")
+        if self.agent is not None and self.dataset is not None:
+            raise ValueError("an agent's task and tool results are synthetic text of prompt_tokens and "
+                             "tool_result_tokens: leave out the dataset")
         return self
+
+    @property
+    def conversation(self) -> Session | None:
+        """What the class's requests are turns of: its session, or its agent's jobs as one (None: neither)."""
+        return self.agent.as_session() if self.agent is not None else self.session
 
 
 class Workload(Model):

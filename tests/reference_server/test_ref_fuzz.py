@@ -187,12 +187,22 @@ def test_v2_rest_binary_infer_never_answers_5xx(server, request):
     assert_not_5xx(status, answer, request)
 
 
+def schema() -> dict[str, Any]:
+    """A drawn request's tool's parameters: a new object each time, as `mutated` changes documents in place."""
+    return {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
+
+
 @st.composite
 def openai_request(draw) -> tuple[bytes, Any]:
     chat = draw(st.booleans())
     doc: dict[str, Any] = {"model": GENERATOR, "max_tokens": draw(st.integers(1, 4)), "stream": draw(st.booleans())}
     if chat:
         doc["messages"] = [{"role": "user", "content": draw(st.text(max_size=20))}]
+        if draw(st.booleans()):  # tools, and a history carrying a call and its result
+            doc["tools"] = [{"type": "function", "function": {"name": "f", "description": "d", "parameters": schema()}}]
+            doc["messages"] += [{"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"q":"x"}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "out"}]
     else:
         doc["prompt"] = draw(st.one_of(st.text(min_size=1, max_size=20), st.lists(st.integers(0, 100), max_size=5)))
     if doc["stream"] and draw(st.booleans()):
@@ -228,11 +238,21 @@ def newer_api_request(draw) -> tuple[bytes, Any]:
                                "input": draw(st.one_of(text, st.just([{"role": "user", "content": "hi"}])))}
         if draw(st.booleans()):
             doc["reasoning_tokens"] = draw(st.integers(0, 5))
+        if draw(st.booleans()):  # tools, and a history carrying a call and its result
+            doc["tools"] = [{"type": "function", "name": "f", "description": "d", "parameters": schema()}]
+            doc["input"] = [{"role": "user", "content": "hi"},
+                            {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": '{"q":"x"}'},
+                            {"type": "function_call_output", "call_id": "call_1", "output": "out"}]
     elif api == "messages":
         doc = {"model": model, "max_tokens": draw(st.integers(2, 4)), "stream": draw(st.booleans()),
                "messages": [{"role": "user", "content": draw(text)}]}
         if draw(st.booleans()):
             doc["thinking"] = {"type": "enabled", "budget_tokens": 1}
+        if draw(st.booleans()):  # tools, and a history carrying a call and its result
+            doc["tools"] = [{"name": "f", "description": "d", "input_schema": schema()}]
+            call = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"q": "x"}}
+            doc["messages"] += [{"role": "assistant", "content": [call]}, {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "out"}]}]}]
     elif api == "embeddings":
         doc = {"model": MODEL, "input": draw(st.one_of(text, st.lists(text, min_size=1, max_size=3))),
                "encoding_format": draw(st.sampled_from(["float", "base64"]))}

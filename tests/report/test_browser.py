@@ -158,7 +158,7 @@ def test_report_in_chromium(runs, browser, tmp_path):
     assert "Not enough data to explain the tail" in why and "No cause to draw: too few requests in the tail." in why
     assert all(p["svg"] > 0 and p["traces"] > 0 for p in state["plots"]), state["plots"]
     assert "gpu" not in state["omitted"] and ("Not measured in this run: the server's own TTFT and latency, chat sessions and "
-                                              "prefix cache, GPU telemetry.") in state["text"]
+                                              "prefix cache, agent jobs, GPU telemetry.") in state["text"]
     assert state["page"].evaluate("document.querySelector('#gpu, #sessions')") is None
     assert "2 of 3 SLOs met" in state["text"]
     # The target's HTML error page is shown as text.
@@ -208,7 +208,7 @@ def test_compare_in_chromium(runs, browser, tmp_path):
     assert "base run: Not enough data to explain the tail: " in why and "new run: Not enough data to explain the tail: " in why
     assert all(p["svg"] > 0 and p["traces"] > 0 for p in state["plots"]), state["plots"]
     assert "gpu" not in state["omitted"] and ("Not measured in either run: the server's own TTFT and latency, chat sessions and "
-                                              "prefix cache, GPU telemetry.") in state["text"]
+                                              "prefix cache, agent jobs, GPU telemetry.") in state["text"]
     assert "→" in state["text"]  # base → new cells of the delta table
     assert "server.queue" in state["text"] and "send lag" in state["text"]  # the delta table covers every metric
 

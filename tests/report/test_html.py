@@ -83,7 +83,7 @@ def test_panels_the_run_did_not_measure_collapse_into_one_line(run_dir):
     those panels, one line in the header naming them in page order, each opening to how it is measured."""
     page = report_html.report_html(load_run(run_dir))
     assert _not_measured(page) == ("Not measured in this run: token streams (TTFT, ITL, TPOT), the server's own TTFT and latency, "
-                                   "chat sessions and prefix cache, "
+                                   "chat sessions and prefix cache, agent jobs, "
                                    "GPU telemetry, encode/decode and Server-Timing parts.")
     assert page.count('id="not-measured"') == 1 and page.index('id="not-measured"') < page.index("</header>")
     assert {"streaming", "sessions", "gpu", "serialization"}.isdisjoint(_cards(page)), _cards(page)
@@ -97,11 +97,12 @@ def test_a_run_with_streams_has_their_card_and_the_line_leaves_them_out():
     assert "streaming" in _cards(page) and 'id="plot-streaming"' in page and 'href="#streaming"' in page
     line = _not_measured(page)
     assert line == ("Not measured in this run: per-request records (why the tail), the server's own TTFT and latency, "
-                    "chat sessions and prefix cache, GPU telemetry.")  # a run from before requests.parquet
+                    "chat sessions and prefix cache, agent jobs, GPU telemetry.")  # a run from before requests.parquet
     assert "sessions" not in _cards(page) and "gpu" not in _cards(page)
     page = report_html.report_html(load_run(DATA_RUNS / "run_sessions"))
     assert {"streaming", "sessions"} <= set(_cards(page)) and _not_measured(page) == (
-        "Not measured in this run: per-request records (why the tail), the server's own TTFT and latency, GPU telemetry.")
+        "Not measured in this run: per-request records (why the tail), the server's own TTFT and latency, agent jobs, "
+        "GPU telemetry.")
 
 
 def test_compare_leaves_a_panel_out_only_when_neither_run_has_it(run_dir):
@@ -110,10 +111,11 @@ def test_compare_leaves_a_panel_out_only_when_neither_run_has_it(run_dir):
     # the streamed run has streams and encode/decode parts: those cards stay, drawn with its data
     assert {"streaming", "serialization"} <= set(_cards(page)) and 'id="plot-streaming"' in page
     assert _not_measured(page) == ("Not measured in either run: the server's own TTFT and latency, chat sessions and prefix cache, "
-                                   "GPU telemetry.")
+                                   "agent jobs, GPU telemetry.")
     assert "Neither run has GPU telemetry." in page and "gpu" not in _cards(page)
     page, _ = compare_html(load_run(DATA_RUNS / "run_sessions"), plain)
-    assert "sessions" in _cards(page) and _not_measured(page) == "Not measured in either run: the server's own TTFT and latency, GPU telemetry."
+    assert "sessions" in _cards(page) and _not_measured(page) == ("Not measured in either run: the server's own TTFT and latency, "
+                                                                  "agent jobs, GPU telemetry.")
     page, _ = compare_html(plain, plain)
     assert {"streaming", "sessions", "gpu", "serialization"}.isdisjoint(_cards(page))
     assert _not_measured(page).startswith("Not measured in either run: token streams (TTFT, ITL, TPOT), the server's own TTFT and latency, ")

@@ -48,7 +48,7 @@ def test_the_fixtures_events_and_files_use_the_catalogue():
     # Columns are only ever added, at the end: the fixture predates the goodput, cache and session
     # counters, and the schedule's session columns.
     later = (*schema.GOODPUT_COUNTERS, *schema.CACHE_COUNTERS, *schema.SESSION_COUNTERS, *schema.REASONING_COUNTERS,
-             *schema.TOKEN_SOURCE_COUNTERS)
+             *schema.TOKEN_SOURCE_COUNTERS, *schema.AGENT_COUNTERS)
     assert timeseries.names + list(later) == list(schema.TIMESERIES_COLUMNS)
     assert pq.read_schema(FIXTURE / schema.TELEMETRY).names == list(schema.TELEMETRY_COLUMNS)
     assert pq.read_schema(FIXTURE / schema.SCHEDULE).names + ["session", "turn", "think_s"] == list(schema.SCHEDULE_COLUMNS)
@@ -78,7 +78,10 @@ def test_counter_indices_name_their_counters():
         schema.SESSION_COUNTERS)
     assert [schema.COUNTERS[i] for i in (schema.REASONING_TOKENS, schema.EMPTY, schema.ITEMS)] == list(
         schema.REASONING_COUNTERS)
+    assert [schema.COUNTERS[i] for i in (schema.TOOL_CALLS, schema.TOOL_CALLS_INVALID, schema.JOB_ROUNDS,
+                                         schema.JOB_CONTEXT_TOKENS, schema.JOB_PROMPT_TOKENS, schema.JOB_CACHED_TOKENS)] == list(
+        schema.AGENT_COUNTERS)
     # each added last, in its turn: no index moved
     later = (*schema.GOODPUT_COUNTERS, *schema.CACHE_COUNTERS, *schema.SESSION_COUNTERS, *schema.REASONING_COUNTERS,
-             *schema.TOKEN_SOURCE_COUNTERS)
+             *schema.TOKEN_SOURCE_COUNTERS, *schema.AGENT_COUNTERS)
     assert schema.COUNTERS[-len(later):] == later == schema.TIMESERIES_COLUMNS[-len(later):]
