@@ -159,6 +159,8 @@ class Conversations:
         due at the answer's end plus its think time, a job's sub-agents, or the user's next session."""
         state = self._live[request.session.id]
         conv = state.conv
+        if outcome is not None:  # sent: a request of its job
+            (conv.reports_to or conv).requests += 1
         if outcome is not None and outcome.error is None:  # a job's critical path (agents)
             conv.model_ns += outcome.end_ns - request.intended_ns
             if outcome.cached_tokens >= 0:

@@ -72,8 +72,8 @@ from latscope.results.schema import (OUTPUT_BY_TOKENIZER, OUTPUT_CHECKED, OUTPUT
                                      OUTPUT_LONG, OUTPUT_SHORT, OUTPUT_SHORT_TOKENS, OUTPUT_UNCOUNTED, PROMPT_ABOVE,
                                      PROMPT_ABOVE_MAX, PROMPT_BELOW, PROMPT_BELOW_MAX, PROMPT_CHECKED, PROMPT_DIFFER,
                                      PROMPT_FROM_PLAN, PROMPT_FROM_USAGE)
-from latscope.results.schema import (JOB_CACHED_TOKENS, JOB_CONTEXT_TOKENS, JOB_PROMPT_TOKENS, JOB_ROUNDS, JOBS_GOOD,
-                                     TOOL_CALLS, TOOL_CALLS_INVALID)
+from latscope.results.schema import (JOB_CACHED_TOKENS, JOB_CONTEXT_TOKENS, JOB_PROMPT_TOKENS, JOB_REQUESTS, JOB_ROUNDS,
+                                     JOBS_GOOD, TOOL_CALLS, TOOL_CALLS_INVALID)
 from latscope.scenario import scrub
 
 MAX_ERROR_EXAMPLES = 5  # distinct error messages kept per kind
@@ -281,6 +281,8 @@ class IntervalRecorder:
         times = outcome.token_ns
         if times:
             record("turn.ttft", name, (times[0] - intended) // 1000, warm)
+            if outcome.content_ns:
+                record("turn.ttfot", name, (outcome.content_ns - intended) // 1000, warm)
             for a, b in zip(times, times[1:]):
                 record("turn.itl", name, (b - a) // 1000, warm)
             tokens = outcome.output_tokens or len(times)
@@ -335,8 +337,8 @@ class IntervalRecorder:
                    duration_us: int, good: bool) -> None:
         """An agent's completed job (chat.py): its time, and its critical path's model and tool parts
         (their sums are the job time: each round is intended at the last answer's end + its tool wait),
-        its rounds, the context of its last round, the prompt and cached tokens of its rounds, whether
-        it met every objective (`good`)."""
+        its rounds and requests, the context of its last round, the prompt and cached tokens of its rounds,
+        whether it met every objective (`good`)."""
         name, record = self.class_names[cls], self.recorder.record
         record("job_time", name, duration_us, warmup)
         record("job_model_time", name, job.model_ns // 1000, warmup)
@@ -347,6 +349,7 @@ class IntervalRecorder:
         row[JOB_PROMPT_TOKENS] += job.prompt_tokens
         row[JOB_CACHED_TOKENS] += job.cached_tokens
         row[JOBS_GOOD] += good
+        row[JOB_REQUESTS] += job.requests
 
     def record_generator(self, metric: str, value_us: int, warmup: bool) -> None:
         """A measurement of the generator itself (loop_lag, gc_pause), under class "all"; one that just

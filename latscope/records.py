@@ -102,6 +102,7 @@ class Conversation:
     answer: str = ""
     reports: list[str] = field(default_factory=list)  # a job's sub-agents' final answers, for its next round
     missed: bool = False  # a round of the job (or of its sub-agents) missed the class's goodput objectives
+    requests: int = 0  # the requests the job sent, its sub-agents' included
     model_ns: int = 0
     tool_ns: int = 0
     prompt_tokens: int = 0

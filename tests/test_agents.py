@@ -9,6 +9,7 @@ import signal
 import statistics
 from collections import defaultdict
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -74,6 +75,24 @@ def result_text(api: str, item: dict) -> str:
     return item["output"] if api == "responses" else item["content"] if api == "chat" else item["content"][0]["content"]
 
 
+def check_job_times(run_dir, jobs: list[list[dict]], job_time: dict) -> None:
+    """Each job's time on latscope's clock (requests.parquet: its last round's end − round 1's intended,
+    µs) against its critical path in the server's log (`jobs`: each job's own rounds as logged, round 1's
+    arrival → the last round's last bytes). latscope's view holds a little more: round 1's send and
+    transport before the server stamps it, and the last bytes' way back after; so it is never shorter, and
+    at the median within 2 ms (measured here 0.4-0.8 ms, the run's first job ~1.5 ms with its connect; a
+    single job up to ~6 ms on this 2-CPU box under other load, the test server's thread waiting for the
+    GIL). summary.json's job_time is the same values to the histogram's precision (1/1024)."""
+    rows = pd.read_parquet(run_dir / "requests.parquet").set_index("row")
+    mine = [rows.loc[[request_row(e["request_id"]) for e in job]] for job in jobs]
+    times = sorted((job["end_us"].max() - job["intended_us"].min()) / 1000 for job in mine)
+    diffs = [(job["end_us"].max() - job["intended_us"].min()) / 1000 - (rounds[-1]["ended_ns"] - rounds[0]["arrived_ns"]) / 1e6
+             for job, rounds in zip(mine, jobs)]
+    assert min(diffs) >= 0 and statistics.median(diffs) < 2, diffs
+    assert job_time["count"] == len(jobs)
+    assert job_time["min_ms"] == pytest.approx(times[0], rel=1 / 1024) and job_time["max_ms"] == pytest.approx(times[-1], rel=1 / 1024)
+
+
 @pytest.mark.parametrize("api", ["chat", "responses", "messages"])
 def test_each_round_carries_the_context_the_models_tool_call_and_the_result_after_the_tool_wait(tmp_path, api):
     """Four-round jobs, tool waits drawn uniform in 0.1-0.3 s, 9-token tool results, two declared tools.
@@ -82,10 +101,8 @@ def test_each_round_carries_the_context_the_models_tool_call_and_the_result_afte
     words answering it; every round declares the same two tools; round k + 1 reaches the server its drawn
     tool latency after the server wrote round k's last bytes, never before and at the median within 1 ms
     (the client reads those bytes after the server wrote them: the wait is counted from the client's
-    end, so the server sees it a little longer). The job time equals the job's critical path from the
-    server's log (round 1's arrival → its last answer's end) within 2 ms (the client stamps round 1
-    before the server reads it and ends the job after the server wrote its last bytes), and the model
-    and tool parts add up to it."""
+    end, so the server sees it a little longer), and on latscope's clock exactly. The job time is the
+    job's critical path in the server's log (check_job_times), and the model and tool parts add up to it."""
     log: list[dict] = []
     with serve(make_agent_app(log)) as url:
         data = agent_scenario(url, tmp_path, [
@@ -96,7 +113,7 @@ def test_each_round_carries_the_context_the_models_tool_call_and_the_result_afte
         result = run_scenario(scenario_from_dict(data), workers=1)
     jobs = by_job(log, result.run_dir)
     assert len(jobs) == 4 and all(len(rounds) == 4 for rounds in jobs.values())
-    tools, waits, spans = set(), [], []
+    tools, waits = set(), []
     for rounds in jobs.values():
         first = context(api, rounds[0][0]["body"])
         assert len(first) == 1 and len(first[0]["content"].split()) == 12
@@ -109,14 +126,18 @@ def test_each_round_carries_the_context_the_models_tool_call_and_the_result_afte
             waits.append((entry["arrived_ns"] - before["ended_ns"]) / 1e6 - think * 1000)
         for entry, _ in rounds:
             tools.add(json.dumps(entry["body"]["tools"], sort_keys=True))
-        spans.append((rounds[-1][0]["ended_ns"] - rounds[0][0]["arrived_ns"]) / 1e6)
     assert len(tools) == 1 and len(json.loads(tools.pop())) == 2
     assert min(waits) >= 0 and statistics.median(waits) < 1.0, sorted(waits)
+    # on latscope's own clock the wait is exact: round k + 1 intended its drawn latency after round k's end
+    rows = pd.read_parquet(result.run_dir / "requests.parquet").sort_values(["session", "turn"])
+    think = pd.read_parquet(result.run_dir / "schedule.parquet")["think_s"].to_numpy()
+    for _, job in rows.groupby("session"):
+        gaps = job["intended_us"].to_numpy()[1:] - job["end_us"].to_numpy()[:-1]
+        assert (abs(gaps - think[job["row"].to_numpy()[1:]] * 1e6) <= 1).all(), gaps  # µs, truncated from ns
     summary = read_summary(result.run_dir)
     coder = summary["agents"]["coder"]
     assert coder["jobs"]["started"] == coder["jobs"]["completed"] == 4
-    assert coder["job_time"]["count"] == 4
-    assert abs(coder["job_time"]["max_ms"] - max(spans)) < 2 and abs(coder["job_time"]["min_ms"] - min(spans)) < 2
+    check_job_times(result.run_dir, [[e for e, _ in rounds] for rounds in jobs.values()], coder["job_time"])
     # each job's two parts sum to its time (to the µs); the histograms keep 3 significant digits, each
     # value within 1/1024 of itself, so the means agree within that share of what they add up
     parts = coder["job_model_time"]["mean_ms"] + coder["job_tool_time"]["mean_ms"]
@@ -199,9 +220,9 @@ def test_a_fan_out_runs_its_sub_agents_at_once_and_the_job_goes_on_after_the_las
     the server answers every round 2 with text). The sub-agents' first rounds reach the server together,
     right after the job's round 1 ended, each with a context of its own (its 5-token task); the job's
     round 2 goes only after the last sub-agent ended, at once (the sub-agents were its tool), and
-    carries their final answers before its tool result. The job time is the job's span in the server's
-    log within 2 ms, and its tool time is the 0.1 s of its own round 3 plus the 0.1 s of the sub-agent
-    on its critical path, exactly (to the histogram's 3 digits)."""
+    carries their final answers before its tool result. The job time is its critical path in the server's
+    log (check_job_times), and its tool time is the 0.1 s of its own round 3 plus the 0.1 s of the
+    sub-agent on its critical path, exactly (to the histogram's 3 digits)."""
     log: list[dict] = []
     agent = {**AGENT, "rounds": 3, "tool_latency": "0.1s", "max_job_time": "0.2s",  # less than its tool time
              "fan_out": {"at_round": 1, "agents": 3, "rounds": 2, "prompt_tokens": 5}}
@@ -234,15 +255,16 @@ def test_a_fan_out_runs_its_sub_agents_at_once_and_the_job_goes_on_after_the_las
         assert len(reported[3].split()) == 9
     summary = read_summary(result.run_dir)
     coder = summary["agents"]["coder"]
-    spans = [(r[-1]["ended_ns"] - r[0]["arrived_ns"]) / 1e6 for r in jobs.values()]
-    assert coder["jobs"]["completed"] == 2 and coder["job_time"]["count"] == 2
-    assert abs(coder["job_time"]["max_ms"] - max(spans)) < 2 and abs(coder["job_time"]["min_ms"] - min(spans)) < 2
+    assert coder["jobs"]["completed"] == 2
+    check_job_times(result.run_dir, list(jobs.values()), coder["job_time"])
     assert coder["job_tool_time"]["min_ms"] == pytest.approx(200, rel=1 / 1024)
     assert coder["job_tool_time"]["max_ms"] == pytest.approx(200, rel=1 / 1024)
     assert set(summary["sessions"]["coder"]["by_turn"]) == {"1", "2", "3"}  # the sub-agents' rounds are not the job's
     assert summary["sessions"]["coder"]["by_turn"]["2"]["completed"] == 2
     assert summary["requests"]["sent"] == len(log) == 2 * (3 + 3 * 2)
     assert coder["goodput"]["good"] == 0 and coder["goodput"]["total"] == 2  # each took more than 0.2 s
+    assert coder["requests_mean"] == 3 + 3 * 2  # its own rounds and its sub-agents'
+    assert summary["sessions"]["coder"]["by_turn"]["3"]["ttfot"]["count"] == 2  # round 3 answered text: a content chunk
 
 
 def reference_run(url: str, tmp_path) -> dict:
@@ -310,10 +332,11 @@ def test_a_broken_agent_class_names_its_field(tmp_path, change, where, expected)
 def test_an_agent_trace_written_from_a_scenario_replays_its_jobs_round_for_round(tmp_path):
     """`latscope agent-trace` writes the jobs a fan-out agent scenario would send; replaying that file
     (`arrival: {type: trace, format: agents}`) against the scripted server sends exactly its structure:
-    each job's round 1 at its start_s (0.25 s apart, within 2 ms), as many rounds as it has, each asking
+    each job's round 1 at its start_s (0.25 s apart: exactly on latscope's clock, at the server within 2 ms
+    at the median), as many rounds as it has, each asking
     for its output_tokens and adding its new_tokens of text (the task, then each tool result), the tool
-    waits honoured (from the server's last bytes to the next arrival: never less, and within 1 ms at the
-    median), and the recorded sub-agents, as many as the trace says, with their rounds."""
+    waits honoured (exactly on latscope's clock; from the server's last bytes to the next arrival never
+    less), and the recorded sub-agents, as many as the trace says, with their rounds."""
     from latscope.trace_writer import trace_lines
 
     agent = {"rounds": {"dist": "uniform", "min": 2, "max": 4}, "tool_result_tokens": {"dist": "uniform", "min": 5, "max": 12},
@@ -342,7 +365,10 @@ def test_an_agent_trace_written_from_a_scenario_replays_its_jobs_round_for_round
             subs[(seq - base) // 64 // 16][(seq - base) // 64 % 16].append(entry)
     assert sorted(jobs) == [0, 1, 2, 3]
     starts = [jobs[j][0]["arrived_ns"] for j in range(4)]
-    assert all(abs((b - a) / 1e6 - 250) < 2 for a, b in zip(starts, starts[1:])), starts
+    assert statistics.median(abs((b - a) / 1e6 - 250) for a, b in zip(starts, starts[1:])) < 2, starts
+    rows = pd.read_parquet(result.run_dir / "requests.parquet").set_index("row")
+    intended = rows.query("turn == 1 and session < @base")["intended_us"]
+    assert (np.diff(np.sort(intended.to_numpy())) == 250_000).all()  # on latscope's clock: the trace's starts, exactly
     waits = []
     for j, recorded in enumerate(trace):
         sent = jobs[j]
@@ -353,10 +379,12 @@ def test_an_agent_trace_written_from_a_scenario_replays_its_jobs_round_for_round
             assert len(new_text.split()) == planned["new_tokens"]
             if k >= 2:  # round 2 follows the fan-out: no tool wait of its own
                 waits.append((entry["arrived_ns"] - sent[k - 1]["ended_ns"]) / 1e6 - planned["tool_s"] * 1000)
+                mine, before = rows.loc[request_row(entry["request_id"])], rows.loc[request_row(sent[k - 1]["request_id"])]
+                assert abs(mine["intended_us"] - before["end_us"] - planned["tool_s"] * 1e6) <= 1  # exactly, on latscope's clock
         recorded_subs = recorded["sub_agents"]["jobs"]
         assert len(subs[j]) == len(recorded_subs)
         assert sorted(len(rounds) for rounds in subs[j].values()) == sorted(len(s["rounds"]) for s in recorded_subs)
-    assert waits and min(waits) >= 0 and statistics.median(waits) < 1.0, waits
+    assert waits and min(waits) >= 0, waits  # at the server: never less (the way back and forth adds to it)
     coder = read_summary(result.run_dir)["agents"]["coder"]
     assert coder["jobs"]["completed"] == 4 and coder["rounds_mean"] == statistics.mean(len(j["rounds"]) for j in trace)
 

@@ -11,7 +11,7 @@ again:
   did not send; the completed jobs' job time (round 1's intended time → the last answer's end) p50,
   p95 and p99; the model's and the tools' shares of their critical path (mean job_model_time and mean
   job_tool_time, each over the two means' sum: a job's two parts add up to its time); their mean
-  rounds, mean context at the last round (prompt tokens) and cached share (cached ÷ cache-reported
+  rounds, mean requests (their sub-agents' included), mean context at the last round (prompt tokens) and cached share (cached ÷ cache-reported
   prompt tokens of their rounds, 0…1; None when the server never said); the tool calls of every
   answer and how many of them had arguments that were no JSON object; the jobs' goodput (summary.json
   agents.<class>.goodput: the share of the jobs that ended that met every objective, and good jobs
@@ -67,8 +67,8 @@ from latscope.scenario.workload import MAX_FAN_OUT
 
 JOB_COUNTERS = ("started", "completed", "abandoned", "cut", "history_limit", "turns_not_sent")
 AGENT_COLUMNS = ("class", *JOB_COUNTERS, "job_count", "job_p50_ms", "job_p95_ms", "job_p99_ms", "model_share",
-                 "tool_share", "rounds_mean", "context_tokens_mean", "cached_share", "tool_calls", "invalid_json",
-                 "good_jobs_fraction", "good_jobs_per_s")
+                 "tool_share", "rounds_mean", "requests_mean", "context_tokens_mean", "cached_share", "tool_calls",
+                 "invalid_json", "good_jobs_fraction", "good_jobs_per_s")
 CDF_COLUMNS = ("class", "value_ms", "count", "fraction")
 JOB_COLUMNS = ("job", "start_us", "end_us", "job_time_ms", "rounds", "sub_agents")
 SEGMENT_COLUMNS = ("lane", "kind", "round", "start_ms", "end_ms", "ttft_ms", "critical")
@@ -109,7 +109,8 @@ def agent_table(run: RunData) -> pd.DataFrame:
             **{f"job_{s}_ms": number(job_time.get(f"{s}_ms")) for s in ("p50", "p95", "p99")},
             "model_share": model / path if model is not None and path else None,
             "tool_share": tool / path if tool is not None and path else None,
-            "rounds_mean": number(a.get("rounds_mean")), "context_tokens_mean": number(a.get("context_tokens_mean")),
+            "rounds_mean": number(a.get("rounds_mean")), "requests_mean": number(a.get("requests_mean")),
+            "context_tokens_mean": number(a.get("context_tokens_mean")),
             "cached_share": number(a.get("cached_share")),
             "tool_calls": int(calls.get("count") or 0), "invalid_json": int(calls.get("invalid_json") or 0),
             "good_jobs_fraction": number((a.get("goodput") or {}).get("fraction")),

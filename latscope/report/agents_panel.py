@@ -83,7 +83,7 @@ _WRITE = {"int": _int, "ms": fmt_ms, "pct": _share, "mean": _mean,
 _JOB_COLUMNS = (("jobs started", "started", "int"), ("completed", "completed", "int"), ("abandoned", "abandoned", "int"),
                 ("cut", "cut", "int"), ("rounds not sent", "turns_not_sent", "int"), ("job p50 ms", "job_p50_ms", "ms"),
                 ("job p95 ms", "job_p95_ms", "ms"), ("job p99 ms", "job_p99_ms", "ms"), ("model share", "model_share", "pct"),
-                ("tool share", "tool_share", "pct"), ("mean rounds", "rounds_mean", "mean"),
+                ("tool share", "tool_share", "pct"), ("mean rounds", "rounds_mean", "mean"), ("mean requests", "requests_mean", "mean"),
                 ("mean context tokens", "context_tokens_mean", "mean"), ("cached share", "cached_share", "pct"),
                 ("tool calls", "tool_calls", "int"), ("invalid JSON", "invalid_json", "int"),
                 ("good jobs", "good_jobs_fraction", "pct"), ("good jobs/s", "good_jobs_per_s", "rate"))

@@ -76,9 +76,10 @@ REASONING_COUNTERS = ("reasoning_tokens", "empty", "items")
 # completed jobs (chat.py; how many: sessions_completed), `job_rounds` (their rounds summed), `job_context_tokens` (the prompt
 # tokens of each one's last round), `job_prompt_tokens` and `job_cached_tokens` (over their rounds
 # whose server said what it cached: the jobs' cached share), `jobs_good` (those that met every objective:
-# agent.max_job_time and, in each round, the class's goodput objectives).
+# agent.max_job_time and, in each round, the class's goodput objectives), `job_requests` (the requests
+# they sent, their sub-agents' included).
 AGENT_COUNTERS = ("tool_calls", "tool_calls_invalid", "job_rounds", "job_context_tokens",
-                  "job_prompt_tokens", "job_cached_tokens", "jobs_good")
+                  "job_prompt_tokens", "job_cached_tokens", "jobs_good", "job_requests")
 #
 # Where token counts came from, and how far the server's were from the plan (intervals.py, over
 # completed requests; summary.json tokens.<class>.counts). Prompt: `prompt_from_usage` (the server
@@ -114,7 +115,7 @@ REASONING_TOKENS, EMPTY, ITEMS = (COUNTERS.index(c) for c in REASONING_COUNTERS)
  OUTPUT_SHORT, OUTPUT_SHORT_TOKENS, OUTPUT_LONG) = (COUNTERS.index(c) for c in TOKEN_SOURCE_COUNTERS)
 MAX_INDEX = tuple(COUNTERS.index(c) for c in MAX_COUNTERS)
 (TOOL_CALLS, TOOL_CALLS_INVALID, JOB_ROUNDS, JOB_CONTEXT_TOKENS, JOB_PROMPT_TOKENS,
- JOB_CACHED_TOKENS, JOBS_GOOD) = (COUNTERS.index(c) for c in AGENT_COUNTERS)
+ JOB_CACHED_TOKENS, JOBS_GOOD, JOB_REQUESTS) = (COUNTERS.index(c) for c in AGENT_COUNTERS)
 
 
 def add_counters(total, row):  # numpy int64 arrays of COUNTERS (total None: none yet)
@@ -297,7 +298,7 @@ OTHER_GROUP = "Other"
 # can be told apart from the rest. A target that put a fresh id on every response (say, a request id)
 # would make a histogram per response: past MAX_REPLICA_CLASSES ids (per worker), new ones share OTHER_REPLICAS.
 REPLICA_METRIC = "replica_latency"
-TURN_METRICS = ("latency", "ttft", "itl", "tpot")
+TURN_METRICS = ("latency", "ttft", "itl", "tpot", "ttfot")
 TURN_PREFIX = "turn."
 
 

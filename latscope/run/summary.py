@@ -35,8 +35,8 @@ from latscope.results.schema import (ALL, CACHE_REPORTED, CACHED_TOKENS, CANCELL
                                      TIMESERIES_COLUMNS, TURN_CACHED, TURN_COUNTERS, TURN_METRICS, TURN_PREFIX,
                                      TURN_REPORTED, summary_order, turn_class)
 from latscope.results.schema import ITEMS
-from latscope.results.schema import (JOB_CACHED_TOKENS, JOB_CONTEXT_TOKENS, JOB_PROMPT_TOKENS, JOB_ROUNDS, JOBS_GOOD,
-                                     TOOL_CALLS, TOOL_CALLS_INVALID)
+from latscope.results.schema import (JOB_CACHED_TOKENS, JOB_CONTEXT_TOKENS, JOB_PROMPT_TOKENS, JOB_REQUESTS, JOB_ROUNDS,
+                                     JOBS_GOOD, TOOL_CALLS, TOOL_CALLS_INVALID)
 from latscope.results.schema import PROMPT_FROM_USAGE
 from latscope.run.token_counts import token_counts
 from latscope.run.collector import Collector
@@ -379,7 +379,8 @@ def _sessions(facts: RunFacts, metrics: dict) -> dict:
 def _agents(facts: RunFacts, metrics: dict, window: float) -> dict:
     """summary.json's `agents`, outside warm-up: {} without agent classes; else per agent class that
     started a job: its jobs by how they ended (as its sessions: SESSION_COUNTERS), the ROW_STATS of
-    job_time, job_model_time and job_tool_time, the completed jobs' mean rounds and mean context at
+    job_time, job_model_time and job_tool_time, the completed jobs' mean rounds, mean requests (their
+    sub-agents' included) and mean context at
     their last round (tokens), their cached share (cached / cache-reported prompt tokens of their
     rounds; null when the server never said), the tool calls of all its answers (how many, and how
     many whose arguments were no JSON object), and the jobs' goodput: `good` (completed jobs that met
@@ -400,6 +401,7 @@ def _agents(facts: RunFacts, metrics: dict, window: float) -> dict:
             **{metric: metrics.get(metric, {}).get(name, {"count": 0})
                for metric in ("job_time", "job_model_time", "job_tool_time")},
             "rounds_mean": round(int(row[JOB_ROUNDS]) / completed, 3) if completed else None,
+            "requests_mean": round(int(row[JOB_REQUESTS]) / completed, 3) if completed else None,
             "context_tokens_mean": round(int(row[JOB_CONTEXT_TOKENS]) / completed, 1) if completed else None,
             "cached_share": _hit_rate(int(row[JOB_CACHED_TOKENS]), int(row[JOB_PROMPT_TOKENS]))["hit_rate"],
             "tool_calls": {"count": int(row[TOOL_CALLS]), "invalid_json": int(row[TOOL_CALLS_INVALID])},

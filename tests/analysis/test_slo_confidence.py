@@ -141,3 +141,21 @@ def test_each_of_the_three_looks_is_judged_at_one_third_of_the_error_so_the_sequ
     run = _run(_exponential_intervals(rng, 30, 200, 10_000))
     single, look = slo_intervals(run, [P99], 0.95)[0], slo_intervals(run, [P99], look_confidence(0.95))[0]
     assert look.low <= single.low and look.high >= single.high and (look.low, look.high) != (single.low, single.high)
+
+
+def test_job_goodput_is_judged_on_the_jobs_and_pools_like_request_goodput():
+    """`metric: job_goodput` reads summary.json agents.<class>.goodput: its fraction's interval is Wilson's
+    over the jobs (good of those that ended), its rps the point value; pooled runs add their jobs up."""
+    slos = [Slo.model_validate(s) for s in ({"metric": "job_goodput", "class": "coder", "stat": "fraction", "min": 0.9},
+                                            {"metric": "job_goodput", "class": "coder", "stat": "rps", "min": 1})]
+    rng = np.random.default_rng(5)
+    a, b = _exponential_intervals(rng, 10, 10, 10_000), _exponential_intervals(rng, 10, 10, 10_000)
+    one = {"throughput": {"measured_window_s": 10.0},
+           "agents": {"coder": {"goodput": {"good": 18, "total": 20, "fraction": 0.9, "rps": 1.8}}}}
+    two = {"throughput": {"measured_window_s": 10.0},
+           "agents": {"coder": {"goodput": {"good": 29, "total": 30, "fraction": 29 / 30, "rps": 2.9}}}}
+    fraction, rps = slo_intervals(_run(a, one), slos, 0.95)
+    assert (fraction.value, (fraction.low, fraction.high)) == (0.9, wilson(18, 20, 0.95)) and rps.value == 1.8
+    fraction, rps = slo_intervals(pool([_run(a, one), _run(b, two)]), slos, 0.95)
+    assert (fraction.value, (fraction.low, fraction.high)) == (47 / 50, wilson(47, 50, 0.95))
+    assert rps.value == pytest.approx(4.7 / 2)  # good jobs over the pooled measured time

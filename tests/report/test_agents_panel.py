@@ -86,7 +86,7 @@ def test_the_report_shows_job_times_rounds_the_table_and_the_critical_paths(runs
             f"<td class=n>{fmt_ms(jt['p50_ms'])}</td><td class=n>{fmt_ms(jt['p95_ms'])}</td><td class=n>{fmt_ms(jt['p99_ms'])}</td>") in section
     # every job that ended was good (no objectives: completed is enough), 4 of them in the measured window
     good_rate = coder["goodput"]["rps"]
-    assert ("<td class=n>3.0</td><td class=n>1.0</td><td class=n>–</td><td class=n>20</td><td class=n>0</td>"
+    assert ("<td class=n>3.0</td><td class=n>9.0</td><td class=n>1.0</td><td class=n>–</td><td class=n>20</td><td class=n>0</td>"
             f"<td class=n>100.0%</td><td class=n>{good_rate:,.3f}</td></tr>") in section
     assert "<td>coder</td><td class=n>3</td><td class=n>4</td><td class=n>0</td>" in section  # round 3 of every job
 

@@ -79,7 +79,8 @@ def test_counter_indices_name_their_counters():
     assert [schema.COUNTERS[i] for i in (schema.REASONING_TOKENS, schema.EMPTY, schema.ITEMS)] == list(
         schema.REASONING_COUNTERS)
     assert [schema.COUNTERS[i] for i in (schema.TOOL_CALLS, schema.TOOL_CALLS_INVALID, schema.JOB_ROUNDS,
-                                         schema.JOB_CONTEXT_TOKENS, schema.JOB_PROMPT_TOKENS, schema.JOB_CACHED_TOKENS)] == list(
+                                         schema.JOB_CONTEXT_TOKENS, schema.JOB_PROMPT_TOKENS, schema.JOB_CACHED_TOKENS,
+                                         schema.JOBS_GOOD, schema.JOB_REQUESTS)] == list(
         schema.AGENT_COUNTERS)
     # each added last, in its turn: no index moved
     later = (*schema.GOODPUT_COUNTERS, *schema.CACHE_COUNTERS, *schema.SESSION_COUNTERS, *schema.REASONING_COUNTERS,
