@@ -2,8 +2,8 @@
 `arrival: {type: trace, format: agents, file: ...}` and written from a scenario's agent class
 (`latscope agent-trace`, `write_trace`). docs/agents.md shows the format:
 
-    {"job": "a1", "start_s": 12.5,
-     "rounds": [{"new_tokens": 812, "output_tokens": 64},
+    {"job": "a1", "start_s": 12.5, "block_tokens": 512,
+     "rounds": [{"new_tokens": 812, "output_tokens": 64, "blocks": [7, 8]},
                 {"new_tokens": 300, "output_tokens": 40, "tool_s": 1.2}, ...],
      "sub_agents": {"at_round": 1, "jobs": [{"rounds": [...]}, ...]}}
 
@@ -14,11 +14,16 @@
   tool was the sub-agents, are not waited).
 - `sub_agents` (optional): after round `at_round` (before the job's last), `jobs` (1…16) start at once,
   each with its own `rounds`, no start_s and no sub-agents (one level).
+- `blocks` (optional, per round): Mooncake-style hash ids of the round's new text, `block_tokens` tokens
+  each (the line's, default 512; new_tokens at most as many blocks hold): equal ids are equal text,
+  different ids different text, across every job and sub-agent of the trace (mooncake.block_prompt), so
+  shared context (a common task preamble, the same file read twice) reaches the server as shared text.
 - `job`: any id, for the reader's reference. Other fields are ignored (a recorder may keep more).
 
 A replay keeps the recorded structure (each job's rounds, their lengths and tool waits, its sub-agents at
 their round) and the job starts' schedule; the answers, and so when each later round goes, are the
-server's. Each round's text is synthetic, new text (as an agent class's), its length the trace's.
+server's. Each round's text is synthetic (its blocks' text where it has blocks, else new text as an agent
+class's), its length the trace's.
 """
 
 from __future__ import annotations
@@ -32,8 +37,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from latscope.errors import ScenarioError
+from latscope.mooncake import BLOCK_SIZE, POOL_WORDS, id_capacity
 from latscope.scenario.workload import MAX_FAN_OUT, MAX_LENGTH, MAX_THINK_S, MAX_TURNS
 from latscope.sessions import Turns
+from latscope.workload import VOCABULARY
 
 MAX_LINE_BYTES = 1 << 20  # one job's line: 64 rounds and 16 sub-agents of 64 rounds fit in far less
 
@@ -46,6 +53,7 @@ class TraceRound(_Model):
     new_tokens: int = Field(ge=1, le=MAX_LENGTH)
     output_tokens: int = Field(ge=1, le=MAX_LENGTH)
     tool_s: float = Field(0.0, ge=0, le=MAX_THINK_S)
+    blocks: tuple[int, ...] | None = Field(None, min_length=1)
 
 
 class TraceSubAgent(_Model):
@@ -60,6 +68,7 @@ class TraceFanOut(_Model):
 class TraceJob(_Model):
     job: str | int | None = None
     start_s: float = Field(ge=0)
+    block_tokens: int = Field(BLOCK_SIZE, ge=1, le=POOL_WORDS)
     rounds: list[TraceRound] = Field(min_length=1, max_length=MAX_TURNS)
     sub_agents: TraceFanOut | None = None
 
@@ -68,6 +77,23 @@ class TraceJob(_Model):
         if self.sub_agents is not None and self.sub_agents.at_round >= len(self.rounds):
             raise ValueError(f"sub_agents.at_round {self.sub_agents.at_round}: the sub-agents report to the round after "
                              f"it, and the job has {len(self.rounds)} rounds")
+        return self
+
+    @model_validator(mode="after")
+    def _blocks_spell_their_rounds(self) -> TraceJob:
+        """Each round's blocks hold its new text and are ids its text can spell (mooncake.id_capacity)."""
+        capacity = id_capacity(self.block_tokens, len(VOCABULARY))
+        subs = self.sub_agents.jobs if self.sub_agents is not None else []
+        for where, rounds in (("rounds", self.rounds), *((f"sub_agents.jobs.{i}.rounds", s.rounds) for i, s in enumerate(subs))):
+            for k, r in enumerate(rounds):
+                if r.blocks is None:
+                    continue
+                if r.new_tokens > len(r.blocks) * self.block_tokens:
+                    raise ValueError(f"{where}.{k}: new_tokens {r.new_tokens} is more than its {len(r.blocks)} blocks of "
+                                     f"{self.block_tokens} tokens hold")
+                if not all(0 <= b < capacity for b in r.blocks):
+                    raise ValueError(f"{where}.{k}.blocks: ids must be in [0, {capacity:,}) with blocks of "
+                                     f"{self.block_tokens} tokens")
         return self
 
 
@@ -122,6 +148,13 @@ def _why(exc: Exception) -> str:
         message = error["msg"].removeprefix("Value error, ")
         return f"{where}: {message}" if where else message
     return f"not JSON ({exc})"
+
+
+def round_blocks(job: TraceJob, rounds: list[TraceRound], k: int) -> tuple[np.ndarray, int] | None:
+    """Round `k`'s (from 1) blocks of `rounds` (a job's, or one of its sub-agents') as Request.blocks
+    takes them: (ids, tokens a block); None when it has none."""
+    blocks = rounds[k - 1].blocks
+    return (np.array(blocks, np.int64), job.block_tokens) if blocks is not None else None
 
 
 def turns_of(jobs: list[TraceJob] | list[TraceSubAgent], item0: int, index: np.ndarray | None = None) -> Turns:

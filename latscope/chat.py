@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from latscope.agent_trace import TraceJob, read_trace as read_agent_trace, turns_of
+from latscope.agent_trace import TraceJob, TraceRound, read_trace as read_agent_trace, round_blocks, turns_of
 from latscope.intervals import IntervalRecorder
 from latscope.plan import Plan, default_prompt, human_turns
 from latscope.records import Conversation, Outcome, Request
@@ -73,7 +73,7 @@ class _Live:
     and how one of them ended the job early (`failed`, a SESSION_COUNTERS index; -1: none did)."""
 
     __slots__ = ("conv", "turns", "j", "next_turn", "warmup", "started", "counted", "parent", "waiting", "ends_ns",
-                 "critical", "failed", "replay")
+                 "critical", "failed", "replay", "rounds")
 
     def __init__(self, conv: Conversation, turns: Turns, j: int, warmup: bool, parent: _Live | None = None) -> None:
         self.conv, self.turns, self.j, self.warmup, self.parent = conv, turns, j, warmup, parent
@@ -81,7 +81,8 @@ class _Live:
         self.started = False  # its turn 1 went (or was dropped at the cap): counted started
         self.counted = 0
         self.waiting, self.ends_ns, self.critical, self.failed = 0, 0, (0, 0), -1
-        self.replay: TraceJob | None = None  # the agent trace job it replays (its sub-agents come from there)
+        self.replay: TraceJob | None = None  # the agent trace job it replays, or its sub-agent's job
+        self.rounds: list[TraceRound] | None = None  # the rounds it replays (their blocks: agent_trace.round_blocks)
 
 
 class Conversations:
@@ -141,6 +142,8 @@ class Conversations:
         if turns.job[j] >= 0:
             arrival = self.scenario.phases[int(self.plan.phase[row])].arrival
             state.replay = read_agent_trace(self.scenario.resolve_path(arrival.file), 1 << 62).jobs[int(turns.job[j])]
+            state.rounds = state.replay.rounds
+            request.blocks = round_blocks(state.replay, state.rounds, 1)
         self._live[conv.id] = state
         request.turn, request.session = 1, conv
         return request
@@ -247,6 +250,8 @@ class Conversations:
             sub = Conversation(SUB_AGENT_BASE + conv.id * MAX_FAN_OUT + i, conv.cls, True, -1, int(turns.count[i]), at_ns,
                                conv.user, reports_to=conv)
             self._live[sub.id] = child = _Live(sub, turns, i, state.warmup, state)
+            if state.replay is not None:
+                child.replay, child.rounds = state.replay, state.replay.sub_agents.jobs[i].rounds
             first.append(self._turn(child, at_ns))
         return first
 
@@ -308,8 +313,9 @@ class Conversations:
         else:
             seq = self._later_base + t - state.j - 1  # later turns only: each session before has count − 1
         state.next_turn = k + 1
+        blocks = round_blocks(state.replay, state.rounds, k) if state.rounds is not None else None
         return Request(seq, intended_ns, conv.cls, state.warmup, int(turns.prompt_tokens[t]), int(turns.output_tokens[t]),
-                       int(turns.item[t]), turn=k, session=conv)
+                       int(turns.item[t]), blocks, turn=k, session=conv)
 
     def _user_next(self, user: int, at_ns: int, warmup: bool) -> Request | None:
         """A closed-loop user's next session, starting at `at_ns` (None: its phase is over)."""

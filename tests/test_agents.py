@@ -395,6 +395,10 @@ def test_an_agent_trace_written_from_a_scenario_replays_its_jobs_round_for_round
     ('{"start_s": 0, "rounds": [{"new_tokens": 5, "output_tokens": 2, "tool_s": 4000}]}', "line 2: rounds.0.tool_s"),
     ('{"start_s": 0, "rounds": [{"new_tokens": 5, "output_tokens": 2}], "sub_agents": {"at_round": 1, "jobs": [{"rounds": '
      '[{"new_tokens": 1, "output_tokens": 1}]}]}}', "line 2: sub_agents.at_round 1: the sub-agents report to the round after it"),
+    ('{"start_s": 0, "block_tokens": 4, "rounds": [{"new_tokens": 9, "output_tokens": 2, "blocks": [1, 2]}]}',
+     "line 2: rounds.0: new_tokens 9 is more than its 2 blocks of 4 tokens hold"),
+    ('{"start_s": 0, "block_tokens": 1, "rounds": [{"new_tokens": 1, "output_tokens": 2, "blocks": [99999999]}]}',
+     "line 2: rounds.0.blocks: ids must be in [0, "),
     ("{not json", "line 2: not JSON"),
 ])
 def test_a_broken_agent_trace_names_its_line_and_field(tmp_path, line, expected):
@@ -436,3 +440,26 @@ def test_closed_loop_agents_run_job_after_job(tmp_path):
     assert jobs["completed"] > 3 * 5 and jobs["started"] == jobs["completed"] + jobs["cut"] + jobs["abandoned"]
     assert summary["requests"]["sent"] == len(log) and sorted({e["round"] for e in log}) == [1, 2]
     assert max(e["in_flight"] for e in log) <= 3
+
+
+def test_an_agent_traces_blocks_are_shared_text_across_jobs(tmp_path):
+    """Two replayed jobs whose tasks have blocks [1, 2, 3] and [1, 2, 4] (4 tokens a block, 10-token tasks),
+    and whose round 2 results reuse block 3 and a new one: the server sees the two tasks' first 8 words
+    equal and their last 2 different, and job 2's round 2 result opens with job 1's third block."""
+    jobs = [{"start_s": 0, "block_tokens": 4, "rounds": [{"new_tokens": 10, "output_tokens": 2, "blocks": [1, 2, 3]},
+                                                          {"new_tokens": 4, "output_tokens": 2, "blocks": [5]}]},
+            {"start_s": 0.2, "block_tokens": 4, "rounds": [{"new_tokens": 10, "output_tokens": 2, "blocks": [1, 2, 4]},
+                                                            {"new_tokens": 6, "output_tokens": 2, "blocks": [3, 6]}]}]
+    (tmp_path / "jobs.jsonl").write_text("".join(json.dumps(j) + "\n" for j in jobs))
+    log: list[dict] = []
+    with serve(make_agent_app(log)) as url:
+        data = agent_scenario(url, tmp_path, [{"name": "replay", "arrival": {"type": "trace", "format": "agents",
+                                                                            "file": str(tmp_path / "jobs.jsonl")}},
+                                              {"name": "tail", "duration": 1, "arrival": {"type": "idle"}}], agent={"rounds": 1})
+        run_scenario(scenario_from_dict(data), workers=1)
+    tasks = [e["body"]["messages"][0]["content"].split() for e in sorted(log, key=lambda e: e["arrived_ns"]) if e["round"] == 1]
+    results = {e["body"]["messages"][0]["content"]: e["body"]["messages"][-1]["content"].split() for e in log if e["round"] == 2}
+    assert [len(t) for t in tasks] == [10, 10] and tasks[0][:8] == tasks[1][:8] and tasks[0][8:] != tasks[1][8:]
+    first, second = results[" ".join(tasks[0])], results[" ".join(tasks[1])]
+    assert len(first) == 4 and len(second) == 6 and second[:2] == tasks[0][8:]  # block 3, as job 1's task had it
+    assert first != second[:4]
