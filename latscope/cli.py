@@ -377,6 +377,30 @@ def agent_trace(scenario_file: Path, out_file: Path, overrides: tuple[str, ...])
     click.echo(f"{out_file}: {jobs:,} agent jobs")
 
 
+@main.command("weka-trace")
+@click.argument("source", type=click.Path(exists=True, path_type=Path))
+@click.argument("out_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+              help="job starts a second (Poisson): the format records none")
+@click.option("--seed", type=int, default=0, show_default=True, help="of the job starts")
+def weka_trace(source: Path, out_file: Path, rate: float, seed: int) -> None:
+    """Turn recorded agent sessions in the WEKA KV-cache-tester format (SOURCE: a .json file, a directory
+    of them, or JSON lines) into an agent trace at OUT_FILE that `arrival: {type: trace, format: agents}`
+    replays (docs/agents.md)."""
+    from latscope.weka_trace import convert
+
+    try:
+        lines, dropped = convert(source, rate, seed)
+        out_file.write_text("".join(line + "\n" for line in lines))
+    except ScenarioError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    except OSError as exc:
+        _fail(f"cannot write {out_file}: {exc}", EXIT_BAD_INPUT)
+    click.echo(f"{out_file}: {len(lines):,} agent jobs")
+    for why, n in dropped.counts.items():
+        click.echo(f"  left out: {n:,} {why}")
+
+
 @main.command()
 @click.argument("url", required=False)
 @click.option("-o", "--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), default="latscope.yaml",
