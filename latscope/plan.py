@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from latscope import arrivals
+from latscope.agent_trace import read_trace as read_agent_trace, turns_of
 from latscope.mooncake import ReplayLimits
 from latscope.scenario import PROTOCOLS, LengthDist, Phase, Scenario
 from latscope.scenario.base import DataPath
-from latscope.agent_trace import read_trace as read_agent_trace, turns_of
 from latscope.sessions import Turns, draw_sessions
 from latscope.workload import (SESSION_STREAM, VOCABULARY, class_prompts, draw_lengths, plays_conversations,
                                read_conversations, seed_streams)
@@ -160,7 +160,7 @@ def build_plan(scenario: Scenario) -> Plan:
     blocks = _blocks(trace_lengths, phase_ids, n)
     _dataset_lengths(scenario, cls, item, prompt_tokens, blocks)
     users = _users(scenario, phase)
-    replayed = _agent_jobs(scenario, trace_lengths, phase_ids, phase, n)
+    replayed = _agent_jobs(scenario, trace_lengths, phase_ids, n)
     session, turns = _sessions(scenario, cls, users, seeds, prompt_tokens, output_tokens, item, replayed)
     return Plan(offsets_s, phase, cls, phases, names, prompt_tokens, output_tokens, item, session, turns, users,
                 int(seeds[len(scenario.phases) + SESSION_STREAM].generate_state(1, np.uint64)[0]), blocks)
@@ -216,7 +216,7 @@ def _users(scenario: Scenario, phase: np.ndarray) -> np.ndarray | None:
 
 
 def _agent_jobs(scenario: Scenario, trace_lengths: list[dict[str, np.ndarray]], phase_ids: list[np.ndarray],
-                phase: np.ndarray, n: int) -> list | None:
+                n: int) -> list | None:
     """Each of the first `n` rows' agent trace job (agent_trace.TraceJob) and its place in the trace, for the
     rows of an agent trace phase (None elsewhere); None when no phase replays one."""
     if not any("agent_job" in lengths for lengths in trace_lengths):
