@@ -168,11 +168,13 @@ def test_adapter_mix_groups_by_model_and_names_the_costly_adapter(tmp_path):
         "tenant-a": done["tenant-a-chat"] + done["tenant-a-rag"], "tenant-b": done["tenant-b"], "tenant-c": done["tenant-c"]}
     fairness = {f["metric"]: f for f in models["fairness"]}
     assert set(fairness) == {"ttft", "latency"}
-    # A tenant-c token takes 8 of the batch's decode steps, a tenant-a token 1 (the same steps, when they
-    # overlap): its TPOT is ~8x; > 3x leaves room for the steps of one stretch of the run being 2.7x as
-    # slow as another's (other work on the box), its answers are the slowest.
-    tpot = {m: g["metrics"]["tpot"]["p50_ms"] for m, g in models["by_model"].items()}
-    assert tpot["tenant-c"] > 3 * tpot["tenant-a"], tpot
+    # A tenant-c token takes 8 of its batch's decode steps, a tenant-a token 1 (generation.py, cost factors).
+    # Each model's fastest stream decoded alone, or nearly (1.5 req/s, 16-token answers): its TPOT is 8 and
+    # 1 batch-of-one steps, ~8x (measured 5.1-10.5x in six runs). The p50s are not compared: tenant-a's
+    # streams meet other requests' prefills (300-token RAG prompts) between their steps more often than
+    # the few tenant-c ones, and their ratio was 2.7-6.4x (CI saw 2.85x).
+    fastest = {m: g["metrics"]["tpot"]["min_ms"] for m, g in models["by_model"].items()}
+    assert fastest["tenant-c"] > 3 * fastest["tenant-a"], fastest
     assert fairness["latency"]["worst"] == "tenant-c" and fairness["latency"]["ratio"] > 2
 
 
