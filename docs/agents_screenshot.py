@@ -6,22 +6,11 @@ reference server (tool calls, its prefix cache on). Needs chromium (apt-get inst
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
-
-from capacity_screenshot import REPO, chromium_path, screenshot  # this folder's screenshot helper
+from capacity_screenshot import screenshot_run  # this folder's screenshot helper
 
 
 def main() -> None:
-    if chromium_path() is None:
-        sys.exit("chromium not found: apt-get install chromium")
-    out = Path(tempfile.mkdtemp(prefix="latscope-agents-"))
-    subprocess.run([sys.executable, "-m", "latscope.cli", "run", "scenarios/agents.yaml", "--out", str(out / "run"),
-                    "--quiet", "--workers", "1"], cwd=REPO, check=True)
-    screenshot(out / "run" / "report.html", REPO / "docs" / "agents.png", selector="#agents")
-    print(f"run in {out}; screenshot in docs/agents.png")
+    screenshot_run("scenarios/agents.yaml", "agents.png", "#agents")
 
 
 if __name__ == "__main__":

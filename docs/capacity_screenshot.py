@@ -9,12 +9,14 @@ knows (`python -m latscope.targets.queue --port 0 --service-ms 4`, then `latscop
 scenario pointing at it); the tests' sample (tests/report/capacity_sample.py) is full of hostile
 strings on purpose.
 
-From Python: `screenshot(html_path, png_path, width, height)`. Needs chromium (apt-get install
+From Python: `screenshot(html_path, png_path, width, height)`, and `screenshot_run(scenario, png, selector)`,
+which runs a scenario and pictures one panel of its report (the other docs/*_screenshot.py). Needs chromium (apt-get install
 chromium); it drives it with the tests' DevTools-protocol client (tests/report/browser_cdp.py).
 """
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -42,6 +44,18 @@ def screenshot(html_path: str | Path, png_path: str | Path, width: int = 1200, h
         if selector:
             return page.screenshot_of(selector, png, width=width, scale=scale)
         return page.screenshot(png, width=width, max_height=height, scale=scale)
+
+
+def screenshot_run(scenario: str, png: str, selector: str, workers: int | None = 1, check: bool = True) -> None:
+    """`latscope run SCENARIO` (a path from the repository; `workers`: its --workers, None: the default;
+    `check`: a failed run stops here), then its report's `selector` as docs/`png`."""
+    if chromium_path() is None:
+        sys.exit("chromium not found: apt-get install chromium")
+    out = Path(tempfile.mkdtemp(prefix="latscope-shot-run-"))
+    subprocess.run([sys.executable, "-m", "latscope.cli", "run", scenario, "--out", str(out / "run"), "--quiet",
+                    *(["--workers", str(workers)] if workers else [])], cwd=REPO, check=check)
+    screenshot(out / "run" / "report.html", REPO / "docs" / png, selector=selector)
+    print(f"run in {out}; screenshot in docs/{png}")
 
 
 def main(argv: list[str]) -> None:

@@ -7,22 +7,11 @@ scenarios/chat_sessions.yaml against the reference server (its prefix cache on).
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
-
-from capacity_screenshot import REPO, chromium_path, screenshot  # this folder's screenshot helper
+from capacity_screenshot import screenshot_run  # this folder's screenshot helper
 
 
 def main() -> None:
-    if chromium_path() is None:
-        sys.exit("chromium not found: apt-get install chromium")
-    out = Path(tempfile.mkdtemp(prefix="latscope-sessions-"))
-    subprocess.run([sys.executable, "-m", "latscope.cli", "run", "scenarios/chat_sessions.yaml", "--out", str(out / "run"),
-                    "--quiet", "--workers", "1"], cwd=REPO, check=True)
-    screenshot(out / "run" / "report.html", REPO / "docs" / "sessions.png", selector="#sessions")
-    print(f"run in {out}; screenshot in docs/sessions.png")
+    screenshot_run("scenarios/chat_sessions.yaml", "sessions.png", "#sessions")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from latscope.errors import ScenarioError
 from latscope.mooncake import BLOCK_SIZE, POOL_WORDS, id_capacity
+from latscope.scenario import Scenario
 from latscope.scenario.workload import MAX_FAN_OUT, MAX_LENGTH, MAX_THINK_S, MAX_TURNS
 from latscope.sessions import Turns
 from latscope.workload import VOCABULARY
@@ -139,6 +140,12 @@ def _read(path: Path, mtime_ns: int, size: int, max_jobs: int) -> AgentTrace:
         raise ScenarioError(f"agent trace {path}: no jobs (the file is empty or blank)")
     jobs.sort(key=lambda j: (j[0], j[1]))
     return AgentTrace(path, [j for *_, j in jobs], [n for _, n, _ in jobs])
+
+
+def phase_trace(scenario: Scenario, phase: int) -> AgentTrace:
+    """The agent trace phase `phase` replays, read with the bound arrivals.phase_offsets reads it with
+    (limits.max_planned_requests), so the plan and a worker's sessions find it parsed already."""
+    return read_trace(scenario.resolve_path(scenario.phases[phase].arrival.file), scenario.limits.max_planned_requests)
 
 
 def _why(exc: Exception) -> str:

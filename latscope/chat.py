@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from latscope.agent_trace import TraceJob, TraceRound, read_trace as read_agent_trace, round_blocks, turns_of
+from latscope.agent_trace import TraceJob, TraceRound, phase_trace, round_blocks, turns_of
 from latscope.intervals import IntervalRecorder
 from latscope.plan import Plan, default_prompt, human_turns
 from latscope.records import Conversation, Outcome, Request
@@ -140,8 +140,7 @@ class Conversations:
         state = _Live(conv, turns, j, request.warmup)
         state.next_turn = 2
         if turns.job[j] >= 0:
-            arrival = self.scenario.phases[int(self.plan.phase[row])].arrival
-            state.replay = read_agent_trace(self.scenario.resolve_path(arrival.file), 1 << 62).jobs[int(turns.job[j])]
+            state.replay = phase_trace(self.scenario, int(self.plan.phase[row])).jobs[int(turns.job[j])]
             state.rounds = state.replay.rounds
             request.blocks = round_blocks(state.replay, state.rounds, 1)
         self._live[conv.id] = state

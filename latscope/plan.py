@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from latscope import arrivals
-from latscope.agent_trace import read_trace as read_agent_trace, turns_of
+from latscope.agent_trace import phase_trace, turns_of
 from latscope.mooncake import ReplayLimits
 from latscope.scenario import PROTOCOLS, LengthDist, Phase, Scenario
 from latscope.scenario.base import DataPath
@@ -224,7 +224,7 @@ def _agent_jobs(scenario: Scenario, trace_lengths: list[dict[str, np.ndarray]], 
     jobs: list = []
     for i, (lengths, ids) in enumerate(zip(trace_lengths, phase_ids)):
         if "agent_job" in lengths:
-            trace = read_agent_trace(scenario.resolve_path(scenario.phases[i].arrival.file), 1 << 62)
+            trace = phase_trace(scenario, i)
             jobs += [(trace.jobs[j], int(j)) for j in lengths["agent_job"]]
         else:
             jobs += [None] * len(ids)

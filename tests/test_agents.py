@@ -8,6 +8,7 @@ import json
 import signal
 import statistics
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -91,6 +92,19 @@ def check_job_times(run_dir, jobs: list[list[dict]], job_time: dict) -> None:
     assert min(diffs) >= 0 and statistics.median(diffs) < 2, diffs
     assert job_time["count"] == len(jobs)
     assert job_time["min_ms"] == pytest.approx(times[0], rel=1 / 1024) and job_time["max_ms"] == pytest.approx(times[-1], rel=1 / 1024)
+
+
+def replay(tmp_path, jobs: list[dict], tail_s: float) -> tuple[list[dict], Path]:
+    """`jobs` written as an agent trace and replayed against the scripted server (the class's tools sent),
+    then `tail_s` idle: the server's log and the run's directory."""
+    (tmp_path / "jobs.jsonl").write_text("".join(json.dumps(j) + "\n" for j in jobs))
+    log: list[dict] = []
+    with serve(make_agent_app(log)) as url:
+        data = agent_scenario(url, tmp_path, [{"name": "replay", "arrival": {"type": "trace", "format": "agents",
+                                                                            "file": str(tmp_path / "jobs.jsonl")}},
+                                              {"name": "tail", "duration": tail_s, "arrival": {"type": "idle"}}],
+                              agent={"rounds": 1})
+        return log, run_scenario(scenario_from_dict(data), workers=1).run_dir
 
 
 @pytest.mark.parametrize("api", ["chat", "responses", "messages"])
@@ -346,15 +360,9 @@ def test_an_agent_trace_written_from_a_scenario_replays_its_jobs_round_for_round
                             agent=agent)
     trace = [json.loads(line) for line in trace_lines(scenario_from_dict(source))]
     assert len(trace) == 4 and {len(j["rounds"]) for j in trace} <= {2, 3, 4}
-    (tmp_path / "jobs.jsonl").write_text("".join(json.dumps(j) + "\n" for j in trace))
-    log: list[dict] = []
-    with serve(make_agent_app(log)) as url:
-        data = agent_scenario(url, tmp_path, [{"name": "replay", "arrival": {"type": "trace", "format": "agents",
-                                                                            "file": str(tmp_path / "jobs.jsonl")}},
-                                              {"name": "tail", "duration": 2.5, "arrival": {"type": "idle"}}], agent={"rounds": 1})
-        result = run_scenario(scenario_from_dict(data), workers=1)
+    log, run_dir = replay(tmp_path, trace, tail_s=2.5)
     base = SUB_AGENT_BASE
-    schedule = pd.read_parquet(result.run_dir / "schedule.parquet")
+    schedule = pd.read_parquet(run_dir / "schedule.parquet")
     jobs: dict[int, list[dict]] = defaultdict(list)
     subs: dict[int, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for entry in sorted(log, key=lambda e: e["arrived_ns"]):
@@ -366,7 +374,7 @@ def test_an_agent_trace_written_from_a_scenario_replays_its_jobs_round_for_round
     assert sorted(jobs) == [0, 1, 2, 3]
     starts = [jobs[j][0]["arrived_ns"] for j in range(4)]
     assert statistics.median(abs((b - a) / 1e6 - 250) for a, b in zip(starts, starts[1:])) < 2, starts
-    rows = pd.read_parquet(result.run_dir / "requests.parquet").set_index("row")
+    rows = pd.read_parquet(run_dir / "requests.parquet").set_index("row")
     intended = rows.query("turn == 1 and session < @base")["intended_us"]
     assert (np.diff(np.sort(intended.to_numpy())) == 250_000).all()  # on latscope's clock: the trace's starts, exactly
     waits = []
@@ -385,7 +393,7 @@ def test_an_agent_trace_written_from_a_scenario_replays_its_jobs_round_for_round
         assert len(subs[j]) == len(recorded_subs)
         assert sorted(len(rounds) for rounds in subs[j].values()) == sorted(len(s["rounds"]) for s in recorded_subs)
     assert waits and min(waits) >= 0, waits  # at the server: never less (the way back and forth adds to it)
-    coder = read_summary(result.run_dir)["agents"]["coder"]
+    coder = read_summary(run_dir)["agents"]["coder"]
     assert coder["jobs"]["completed"] == 4 and coder["rounds_mean"] == statistics.mean(len(j["rounds"]) for j in trace)
 
 
@@ -450,13 +458,7 @@ def test_an_agent_traces_blocks_are_shared_text_across_jobs(tmp_path):
                                                           {"new_tokens": 4, "output_tokens": 2, "blocks": [5]}]},
             {"start_s": 0.2, "block_tokens": 4, "rounds": [{"new_tokens": 10, "output_tokens": 2, "blocks": [1, 2, 4]},
                                                             {"new_tokens": 6, "output_tokens": 2, "blocks": [3, 6]}]}]
-    (tmp_path / "jobs.jsonl").write_text("".join(json.dumps(j) + "\n" for j in jobs))
-    log: list[dict] = []
-    with serve(make_agent_app(log)) as url:
-        data = agent_scenario(url, tmp_path, [{"name": "replay", "arrival": {"type": "trace", "format": "agents",
-                                                                            "file": str(tmp_path / "jobs.jsonl")}},
-                                              {"name": "tail", "duration": 1, "arrival": {"type": "idle"}}], agent={"rounds": 1})
-        run_scenario(scenario_from_dict(data), workers=1)
+    log, _ = replay(tmp_path, jobs, tail_s=1)
     tasks = [e["body"]["messages"][0]["content"].split() for e in sorted(log, key=lambda e: e["arrived_ns"]) if e["round"] == 1]
     results = {e["body"]["messages"][0]["content"]: e["body"]["messages"][-1]["content"].split() for e in log if e["round"] == 2}
     assert [len(t) for t in tasks] == [10, 10] and tasks[0][:8] == tasks[1][:8] and tasks[0][8:] != tasks[1][8:]

@@ -35,10 +35,12 @@ def escaped(text: str) -> bytes:
     return dumps(text).encode()[1:-1]
 
 
-def lone_surrogate(answer: str, exc: UnicodeEncodeError) -> str:
+def lone_surrogate(exc: UnicodeEncodeError, answer: str, *others: str) -> str:
     """What is wrong with an answer whose text UTF-8 refused: a JSON string may escape half of a UTF-16
-    pair ("\\ud800") on its own, which json.loads accepts and no UTF-8 text can hold."""
+    pair ("\\ud800") on its own, which json.loads accepts and no UTF-8 text can hold. Where it is: in
+    `answer`, or the first of `others` (its reasoning, its tool calls' arguments) that holds it."""
     char = exc.object[exc.start]
+    answer = next((text for text in (answer, *others) if char in text), answer)
     return (f"the answer holds a lone UTF-16 surrogate (\\u{ord(char):04x}, at character {answer.find(char):,} of its "
             "text), which is not valid Unicode text: a session cannot carry it into its next turn")
 

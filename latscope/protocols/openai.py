@@ -292,7 +292,7 @@ class OpenAIClient:
             try:
                 piece = escaped(answer + "\n")
             except UnicodeEncodeError as exc:  # UTF-8 refuses only surrogates, which json.loads lets through
-                return lone_surrogate(answer, exc)
+                return lone_surrogate(exc, answer)
         else:
             message: dict[str, Any] = {"role": "assistant", "content": answer or (None if calls else "")}
             if reasoning and reasoning[0]:
@@ -302,9 +302,8 @@ class OpenAIClient:
                                          for i, n, a in calls]
             try:
                 piece = b",%s" % dumps(message).encode()
-            except UnicodeEncodeError as exc:  # say where: in the answer, its reasoning or a call's arguments
-                texts = (answer, reasoning[0] if reasoning else "", *(a for *_, a in calls or ()))
-                return lone_surrogate(next((t for t in texts if exc.object[exc.start] in t), answer), exc)
+            except UnicodeEncodeError as exc:  # in the answer, its reasoning or a call's arguments
+                return lone_surrogate(exc, answer, reasoning[0] if reasoning else "", *(a for *_, a in calls or ()))
             conv.calls = tuple((i, n) for i, n, _ in calls or ())
         conv.history += piece
         conv.carried = len(conv.history)

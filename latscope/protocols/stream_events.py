@@ -288,8 +288,7 @@ class EventClient:
             piece = (self.called(answer, calls) if calls
                      else b',{"role":"assistant","content":%s}' % dumps(answer).encode())
         except UnicodeEncodeError as exc:  # UTF-8 refuses only surrogates, which json.loads lets through
-            return lone_surrogate(next((t for t in (answer, *(a for *_, a in calls)) if exc.object[exc.start] in t),
-                                       answer), exc)
+            return lone_surrogate(exc, answer, *(a for *_, a in calls))
         conv.calls = tuple((i, n) for i, n, _ in calls)
         conv.history.messages += piece
         conv.carried = conv.history.size()
