@@ -1,9 +1,10 @@
-"""Reading a written report page in tests: one panel's section, the figures' JSON, a figure's data."""
+"""Reading a written report page in tests: one panel's section, its start tags, the figures' JSON, a figure's data."""
 
 from __future__ import annotations
 
 import base64
 import json
+from html.parser import HTMLParser
 
 import numpy as np
 
@@ -14,6 +15,20 @@ def panel_section(page: str, sid: str) -> str:
     """The `<section id=sid>` of the page, whole."""
     start = page.index(f'<section id="{sid}">')
     return page[start:page.index("</section>", start) + len("</section>")]
+
+
+def start_tags(page: str) -> list[tuple[str, dict]]:
+    """Every start tag of `page` as parsed, (tag, its attributes), in order."""
+    tags: list[tuple[str, dict]] = []
+
+    class Parser(HTMLParser):
+        def handle_starttag(self, tag, attrs):  # noqa: ANN001 - HTMLParser's
+            tags.append((tag, dict(attrs)))
+
+    parser = Parser()
+    parser.feed(page)
+    parser.close()
+    return tags
 
 
 def page_figures(page: str) -> dict:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ import pytest
 
 from agent_server import agent_run, make_agent_app
 from conftest import REPO, serve
-from report_page import figure_array, page_figures, panel_section
+from report_page import figure_array, page_figures, panel_section, start_tags
 from latscope.analysis import agents
 from latscope.analysis.run_data import load_run
 from latscope.report.compare import compare_html
@@ -53,22 +52,6 @@ def _titles(page: str) -> list[str]:
     return [a["text"] for a in page_figures(page)["plot-agents"]["layout"]["annotations"]]
 
 
-class _Tags(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.tags: list[tuple[str, dict]] = []
-
-    def handle_starttag(self, tag, attrs):
-        self.tags.append((tag, dict(attrs)))
-
-
-def _tags(page: str) -> list[tuple[str, dict]]:
-    parser = _Tags()
-    parser.feed(page)
-    parser.close()
-    return parser.tags
-
-
 def _cards(page: str) -> list[str]:
     return re.findall(r'<section id="([^"]+)">', page)
 
@@ -80,7 +63,7 @@ def test_the_report_shows_job_times_rounds_the_table_and_the_critical_paths(runs
     cards = _cards(page)
     assert cards.index("sessions") + 1 == cards.index("agents") and 'href="#agents"' in page  # after the sessions panel
     section = panel_section(page, "agents")
-    assert "<h2>Agents</h2>" in section and ("div", {"class": "plot", "id": "plot-agents"}) in _tags(section)
+    assert "<h2>Agents</h2>" in section and ("div", {"class": "plot", "id": "plot-agents"}) in start_tags(section)
     jt = coder["job_time"]
     assert ("<tr><td>coder</td><td class=n>4</td><td class=n>4</td><td class=n>0</td><td class=n>0</td><td class=n>0</td>"
             f"<td class=n>{fmt_ms(jt['p50_ms'])}</td><td class=n>{fmt_ms(jt['p95_ms'])}</td><td class=n>{fmt_ms(jt['p99_ms'])}</td>") in section
@@ -133,7 +116,7 @@ def test_class_names_are_escaped_everywhere_in_the_panel(runs, tmp_path):
     page = report_html(load_run(run))
     section = panel_section(page, "agents")
     assert f"<tr><td>{ESCAPED}</td><td class=n>4</td><td class=n>4</td>" in section
-    assert "<img" not in page and not [t for t in _tags(page) if t[0] == "img" or "onerror" in t[1]]
+    assert "<img" not in page and not [t for t in start_tags(page) if t[0] == "img" or "onerror" in t[1]]
     names = set(_traces(page))
     assert {f"{ESCAPED} job time", f"{ESCAPED} TTFT p50"} <= names and all("<" not in n for n in names)
     titles = [t for t in _titles(page) if "by job time" in t]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,7 @@ import pandas as pd
 import pytest
 
 from conftest import REPO
-from report_page import figure_array, page_figures, panel_section
+from report_page import figure_array, page_figures, panel_section, start_tags
 from latscope import results
 from latscope.analysis import percentiles
 from latscope.analysis.run_data import load_run
@@ -75,19 +74,6 @@ def _traces(page: str) -> dict[str, dict]:
     return {t["name"]: t for t in page_figures(page)["plot-generator"]["data"]}
 
 
-def _tags(page: str) -> list[tuple[str, dict]]:
-    tags: list[tuple[str, dict]] = []
-
-    class Parser(HTMLParser):
-        def handle_starttag(self, tag, attrs):
-            tags.append((tag, dict(attrs)))
-
-    parser = Parser()
-    parser.feed(page)
-    parser.close()
-    return tags
-
-
 # -- one distributed run -------------------------------------------------------------------------
 
 def test_the_panel_shows_each_machine_and_the_lost_one_stands_out(tmp_path):
@@ -107,7 +93,7 @@ def test_the_panel_shows_each_machine_and_the_lost_one_stands_out(tmp_path):
     assert "to within 0.400 ms" in section and "a red cross marks a machine lost" in section
     # nothing the machines sent became markup: the page's own three scripts, no <i>
     assert page.count("<script") == 3 and "window.__xss=1</script>" not in page
-    assert not [t for t in _tags(page) if t[0] == "i"]
+    assert not [t for t in start_tags(page) if t[0] == "i"]
     # the generator line of the metadata, and the header's badges
     assert "<tr><th>generator</th><td>2 machines, 4 engines (Locust master/worker), 1.0 s intervals</td></tr>" in page
     assert "requests completed outside warm-up</span><span>2 machines, 4 engines (Locust master/worker)</span></p>" in page

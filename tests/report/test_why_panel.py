@@ -10,14 +10,13 @@ import json
 import shutil
 import subprocess
 import sys
-from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from conftest import REPO
-from report_page import figure_array, page_figures, panel_section
+from report_page import figure_array, page_figures, panel_section, start_tags
 from latscope.analysis.run_data import load_run
 from latscope.errors import ResultsError
 from latscope.report.compare import compare_html
@@ -61,22 +60,6 @@ def _run(tmp_path: Path, explain: dict | None, name: str = "run") -> Path:
     if explain is not None:
         (run / "explain.json").write_text(json.dumps(explain))
     return run
-
-
-class _Tags(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.tags: list[tuple[str, dict]] = []
-
-    def handle_starttag(self, tag, attrs):
-        self.tags.append((tag, dict(attrs)))
-
-
-def _tags(page: str) -> list[tuple[str, dict]]:
-    parser = _Tags()
-    parser.feed(page)
-    parser.close()
-    return parser.tags
 
 
 def _not_measured(page: str) -> str:
@@ -163,7 +146,7 @@ def test_target_strings_in_the_explanation_are_escaped_everywhere(tmp_path):
     page = report_html(load_run(_run(tmp_path, hostile)))
     section = panel_section(page, "why")
     assert HOSTILE not in page and "<img" not in page
-    assert not [t for t in _tags(page) if t[0] == "img" or "onerror" in t[1]]
+    assert not [t for t in start_tags(page) if t[0] == "img" or "onerror" in t[1]]
     assert f"Top cause: replica {ESCAPED}.</b>" in section and f"<td>replica {ESCAPED}</td>" in section
     assert f"served by {ESCAPED} against" in section
     assert f"{ESCAPED.replace('_', ' ')} above its p99" in section  # the metric's name in words: "service_time", "service time"
