@@ -56,7 +56,7 @@ from common import (  # noqa: E402
     update_results_md, write_report_json,
 )
 from latscope.analysis.quantile_ci import quantile_ci  # noqa: E402
-from latscope.analysis.slo_confidence import look_confidence  # noqa: E402
+from latscope.analysis.slo_confidence import LOOKS, look_confidence  # noqa: E402
 from latscope.capacity import CapacityOptions, find_capacity  # noqa: E402
 from latscope.capacity.shape import scaled  # noqa: E402
 from latscope.plan import build_plan  # noqa: E402
@@ -196,8 +196,9 @@ def ideal_p99_ok(base: Scenario, rate: float, curve: dict[int, float], max_batch
 def ideal_judged_ok(base: Scenario, rate: float, curve: dict[int, float], max_batch: int, measure_s: float) -> bool:
     """Whether that server passes a capacity step at `rate` as `latscope capacity` judges a real one: the upper
     bound of its p99's confidence interval (latscope's own `quantile_ci` on 1-s interval histograms, at a look's
-    level) within the SLO, over a step's longest evidence (LOOKS looks pooled: 4x `measure_s`, one seed's arrivals)."""
-    arrivals, warmup = step_arrivals(base, rate, 4 * measure_s)
+    level) within the SLO, over a step's longest evidence (its LOOKS looks pooled, each as long as all before it:
+    2^(LOOKS - 1) x `measure_s`, one seed's arrivals)."""
+    arrivals, warmup = step_arrivals(base, rate, 2 ** (LOOKS - 1) * measure_s)
     latency_us = ideal_latencies_ms(arrivals, curve, max_batch)[~warmup] * 1e3
     second = (arrivals[~warmup] - arrivals[~warmup][0]).astype(np.int64)
     k = int(second[-1]) + 1
@@ -569,7 +570,7 @@ server. Median ms per run (rows/s) by batch size:
   a capacity step sends, same seed) keeps p99 <= {P99_LIMIT_MS:g} ms. This is what the model can serve within the SLO under the
   traffic below; it sits under the ceiling because of queueing alone (Poisson bursts), not overhead. Judged two
   ways: on one step's p99 as measured (the issue's yardstick), and as `latscope capacity` judges the servers
-  (the upper bound of the p99's confidence interval within the SLO, over a step's longest evidence: 4 x
+  (the upper bound of the p99's confidence interval within the SLO, over a step's longest evidence: {2 ** (LOOKS - 1)} x
   {report['mode_settings']['measure_s']:g} s), which needs a margin below the SLO that the first does not.
 
 {markdown_table(["tokens", "ceiling, req/s", "overhead-free server, Poisson, req/s: as measured / judged",
