@@ -167,8 +167,13 @@ def check_all_given(signature: Signature, inputs: dict[str, np.ndarray]) -> None
 def decode_request(body: bytes, header_length: str | None, signature: Signature) -> InferRequest:
     """Parse and validate an infer request; `header_length` is the Inference-Header-Content-Length header."""
     header, raw = _split_body(body, header_length)
+    try:  # orjson: 1 us against json's 5 us for a small request; json where orjson refuses what json takes (NaN,
+        # integers past 64 bits) and for the error messages clients have always had
+        doc = orjson.loads(header)
+    except orjson.JSONDecodeError:
+        doc = None
     try:
-        doc = json.loads(header)
+        doc = json.loads(header) if doc is None else doc
     except ValueError as exc:  # includes UnicodeDecodeError
         raise _not_json(exc, header, header_length) from None
     except RecursionError:
