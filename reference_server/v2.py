@@ -164,20 +164,24 @@ def check_all_given(signature: Signature, inputs: dict[str, np.ndarray]) -> None
         raise BadRequest(f"missing input(s): {', '.join(missing)}")
 
 
-def decode_request(body: bytes, header_length: str | None, signature: Signature) -> InferRequest:
-    """Parse and validate an infer request; `header_length` is the Inference-Header-Content-Length header."""
-    header, raw = _split_body(body, header_length)
-    try:  # orjson: 1 us against json's 5 us for a small request; json where orjson refuses what json takes (NaN,
-        # integers past 64 bits) and for the error messages clients have always had
-        doc = orjson.loads(header)
-    except orjson.JSONDecodeError:
-        doc = None
+def _json_doc(header: bytes, header_length: str | None) -> Any:
+    """What json makes of a header orjson refused: the document where json takes it (NaN, integers past 64 bits),
+    else the BadRequest with the messages clients have always had."""
     try:
-        doc = json.loads(header) if doc is None else doc
+        return json.loads(header)
     except ValueError as exc:  # includes UnicodeDecodeError
         raise _not_json(exc, header, header_length) from None
     except RecursionError:
         raise BadRequest("malformed JSON: nested too deeply") from None
+
+
+def decode_request(body: bytes, header_length: str | None, signature: Signature) -> InferRequest:
+    """Parse and validate an infer request; `header_length` is the Inference-Header-Content-Length header."""
+    header, raw = _split_body(body, header_length)
+    try:
+        doc = orjson.loads(header)  # 1 us against json's 5 us for a small request
+    except orjson.JSONDecodeError:
+        doc = _json_doc(header, header_length)
     doc = _object(doc, "the request")
     items = doc.get("inputs")
     if not isinstance(items, list) or not items:
